@@ -1,0 +1,75 @@
+"""Checkpoints that long-running, retried tasks can trust.
+
+Inside a task, ``ctx().checkpoint`` is this attempt's :class:`Checkpoint`: ``load()``/``save()``
+in ``async def`` tasks, ``load_sync()``/``save_sync()`` in ``def`` tasks.
+"""
+
+from flyte_checkpoint.archive import ExtractionLimits
+from flyte_checkpoint.checkpoint import (
+    CHECKPOINT_CACHE_KEY,
+    PAYLOAD_BASENAME,
+    BaseCheckpoint,
+    Checkpoint,
+)
+from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, task_context
+from flyte_checkpoint.errors import (
+    ArchiveLimitError,
+    BackendNotInstalledError,
+    CheckpointClosedError,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointPermissionError,
+    CheckpointStorageError,
+    CheckpointUnavailableError,
+    ConfigurationError,
+    InvalidCheckpointInputError,
+    UnsafeArchiveError,
+    UnsupportedTypeError,
+    UnsupportedURIError,
+)
+from flyte_checkpoint.latest import latest_checkpoint
+from flyte_checkpoint.runners import (
+    checkpoint_paths_for_run,
+    load_and_run_task,
+    run_output_path,
+    run_with_retries,
+    run_with_retries_async,
+)
+from flyte_checkpoint.uris import repair_prev_checkpoint_uri
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CHECKPOINT_CACHE_KEY",
+    "PAYLOAD_BASENAME",
+    "ArchiveLimitError",
+    "BackendNotInstalledError",
+    "BaseCheckpoint",
+    "Checkpoint",
+    "CheckpointClosedError",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointPaths",
+    "CheckpointPermissionError",
+    "CheckpointStorageError",
+    "CheckpointUnavailableError",
+    "ConfigurationError",
+    "ExtractionLimits",
+    "InvalidCheckpointInputError",
+    "TaskContext",
+    "UnsafeArchiveError",
+    "UnsupportedTypeError",
+    "UnsupportedURIError",
+    "__version__",
+    "checkpoint_paths_for_run",
+    "ctx",
+    "latest_checkpoint",
+    "load_and_run_task",
+    "repair_prev_checkpoint_uri",
+    "run_output_path",
+    "run_with_retries",
+    "run_with_retries_async",
+    "task_context",
+]

@@ -1,0 +1,345 @@
+"""The task-facing checkpoint helper: restore the previous attempt's object, save the current one."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import io
+import logging
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, cast
+
+from flyte_checkpoint import archive
+from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
+from flyte_checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    InvalidCheckpointInputError,
+    UnsupportedTypeError,
+)
+from flyte_checkpoint.storage import FORMAT_KEY, Backend, StorageOptions, backend_for
+from flyte_checkpoint.storage.base import VerifyingReader
+from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
+from flyte_checkpoint.workspace import Workspace
+
+logger = logging.getLogger("flyte_checkpoint")
+
+PAYLOAD_BASENAME = "payload"
+"""The file name under :attr:`Checkpoint.path` where a raw (non-archive) object is restored."""
+
+CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
+"""The key under which :attr:`TaskContext.checkpoint` caches its helper in ``TaskContext.data``."""
+
+SaveData = Path | str | bytes
+_COPY_CHUNK = 1 << 20
+
+
+class BaseCheckpoint(abc.ABC):
+    """The contract of a checkpoint helper: a local workspace, a load and a save, sync and async."""
+
+    @property
+    @abc.abstractmethod
+    def path(self) -> Path:
+        """The local directory where task code reads and writes checkpoint files."""
+
+    @abc.abstractmethod
+    def prev_exists(self) -> bool:
+        """Whether a previous-checkpoint location was supplied (not whether an object is there)."""
+
+    @abc.abstractmethod
+    async def load(self) -> Path | None:
+        """Restore the previous attempt's checkpoint; see :meth:`load_sync`."""
+
+    @abc.abstractmethod
+    async def save(self, data: SaveData) -> None:
+        """Save ``data`` as this attempt's checkpoint; see :meth:`save_sync`."""
+
+    @abc.abstractmethod
+    def load_sync(self) -> Path | None:
+        """Restore the previous attempt's checkpoint, blocking."""
+
+    @abc.abstractmethod
+    def save_sync(self, data: SaveData) -> None:
+        """Save ``data`` as this attempt's checkpoint, blocking."""
+
+
+class Checkpoint(BaseCheckpoint):
+    """A checkpoint stored as one object at ``checkpoint_dest``, restored from ``checkpoint_src``.
+
+    ``save`` accepts bytes, a file path (uploaded as-is) or a directory path (uploaded as one
+    ``.tar.gz`` of its immediate children). ``load`` returns ``None`` when there is nothing to
+    resume from, :attr:`path` after restoring a directory archive, or ``path / "payload"`` after
+    restoring a raw object. The first load fetches; later loads return the same result.
+
+    Every save is atomic: a concurrent or later reader sees the previous complete object or the
+    new complete one. Loads verify what they read and raise :class:`CheckpointCorruptError` for
+    damaged data and :class:`CheckpointUnavailableError` when storage cannot be reached, so a
+    real checkpoint is never mistaken for "no checkpoint".
+
+    Args:
+        checkpoint_dest: where this attempt saves (local path, ``file://``, ``s3://``, ...).
+        checkpoint_src: the previous attempt's object; whitespace, quotes or ``""`` mean none.
+        storage_options: options for the fsspec backend of both URIs (endpoint, credentials...).
+        compression_level: gzip level for directory archives, 0 (store) to 9.
+        extraction_limits: caps on what a directory archive may unpack to.
+        repair_prev_uri: apply :func:`repair_prev_checkpoint_uri` to remote sources.
+        run_name, action_name: the names used by that repair; default to the current
+            :class:`TaskContext`'s.
+    """
+
+    def __init__(
+        self,
+        checkpoint_dest: str,
+        checkpoint_src: str | None = None,
+        *,
+        storage_options: StorageOptions | None = None,
+        compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL,
+        extraction_limits: ExtractionLimits | None = None,
+        repair_prev_uri: bool = True,
+        run_name: str | None = None,
+        action_name: str | None = None,
+    ) -> None:
+        if not isinstance(checkpoint_dest, str | os.PathLike):
+            raise UnsupportedTypeError(
+                f"checkpoint_dest must be a str URI or path, got {type(checkpoint_dest).__name__}"
+            )
+        dest = clean_uri(os.fspath(checkpoint_dest))
+        if dest is None:
+            raise InvalidCheckpointInputError(
+                "checkpoint_dest is empty; pass the URI or path this attempt should save to"
+            )
+        if not 0 <= compression_level <= 9:
+            raise InvalidCheckpointInputError(
+                f"compression_level must be 0 (store) to 9, got {compression_level}"
+            )
+        src = clean_uri(checkpoint_src)
+        if src is not None and repair_prev_uri and not is_local(src):
+            run_name, action_name = _names_from_context(run_name, action_name)
+            src = repair_prev_checkpoint_uri(src, run_name=run_name, action_name=action_name)
+        self._dest = dest
+        self._src = src
+        self._storage_options = storage_options
+        self._dest_backend = backend_for(dest, storage_options)
+        self._src_backend: Backend | None = backend_for(src, storage_options) if src else None
+        self._level = compression_level
+        self._limits = extraction_limits or ExtractionLimits()
+        self._workspace = Workspace()
+        self._load_lock = threading.Lock()
+        self._loaded = False
+        self._restored: Path | None = None
+
+    # -- locations --------------------------------------------------------------------------
+
+    @property
+    def remote_destination(self) -> str:
+        """The URI this helper saves to."""
+        return self._dest
+
+    @property
+    def remote_source(self) -> str | None:
+        """The URI this helper restores from, after cleaning and repair; ``None`` if none."""
+        return self._src
+
+    def prev_exists(self) -> bool:
+        """Whether a previous-checkpoint URI was supplied (the object itself may be absent)."""
+        return self._src is not None
+
+    @property
+    def path(self) -> Path:
+        """The local workspace directory (prefix ``flyte-cp-``), created on first access."""
+        return self._workspace.path
+
+    # -- load --------------------------------------------------------------------------------
+
+    def load_sync(self) -> Path | None:
+        """Restore the previous checkpoint into :attr:`path`; ``None`` when there is none.
+
+        Returns :attr:`path` for a directory archive and ``path / "payload"`` for a raw object.
+        The first call clears the workspace and fetches; later calls (from any thread) return the
+        cached result without fetching again. Errors are not cached: a failed load can be retried.
+
+        Raises:
+            CheckpointCorruptError: the object is damaged (digest, gzip CRC, truncation) or an
+                unsafe archive (:class:`UnsafeArchiveError`); nothing is left in the workspace.
+            CheckpointUnavailableError: storage could not be reached after bounded retries.
+            CheckpointPermissionError: credentials or permissions refused the read.
+        """
+        self._workspace.path  # noqa: B018 - fails clearly after close()
+        with self._load_lock:
+            if not self._loaded:
+                self._restored = self._restore()
+                self._loaded = True
+            if self._restored is None:
+                return None
+            return self._workspace.keep_alive(self._restored)
+
+    async def load(self) -> Path | None:
+        """Async :meth:`load_sync`: the work runs in a thread, so the event loop never stalls."""
+        return await asyncio.to_thread(self.load_sync)
+
+    def _restore(self) -> Path | None:
+        if self._src is None or self._src_backend is None:
+            return None
+        started = time.monotonic()
+        reader = self._src_backend.open_read(self._src)
+        if reader is None:
+            logger.info("no previous checkpoint at %s; starting fresh", self._src)
+            return None
+        with reader:
+            if reader.info.size == 0:
+                logger.info("previous checkpoint %s is empty; starting fresh", self._src)
+                return None
+            self._workspace.clear()
+            try:
+                restored = self._unpack(reader)
+            except BaseException:
+                self._workspace.clear()
+                raise
+        logger.info(
+            "restored %s (%d bytes) into %s in %.3f s",
+            self._src,
+            reader.info.size,
+            restored,
+            time.monotonic() - started,
+        )
+        return restored
+
+    def _unpack(self, reader: VerifyingReader) -> Path:
+        assert self._src is not None
+        root = self._workspace.path
+        stream: IO[bytes] = cast(IO[bytes], reader)
+        kind = cast(ObjectKind | None, reader.info.recorded_format)
+        compressed = True
+        if kind not in ("archive", "payload"):
+            head = reader.read(archive.SNIFF_BYTES)
+            kind, compressed = archive.sniff_kind(head)
+            stream = cast(IO[bytes], io.BufferedReader(archive.PrefixedReader(head, stream)))
+        try:
+            if kind == "archive":
+                archive.unpack_archive(stream, root, compressed=compressed, limits=self._limits)
+                return root
+            return _write_payload(stream, root / PAYLOAD_BASENAME)
+        except CheckpointCorruptError as exc:
+            raise type(exc)(
+                f"cannot restore checkpoint {self._src}: {exc}; the object is damaged or unsafe, "
+                "so nothing was restored (delete it or point checkpoint_src at a sound one)"
+            ) from exc
+
+    # -- save --------------------------------------------------------------------------------
+
+    def save_sync(self, data: SaveData) -> None:
+        """Save ``data`` to :attr:`remote_destination`, atomically replacing what was there.
+
+        ``bytes`` become the object; a file path is uploaded as-is; a directory path is uploaded
+        as one ``.tar.gz`` of its immediate children, streamed (no temporary archive).
+
+        Raises:
+            FileNotFoundError: (:class:`CheckpointNotFoundError`) the path does not exist.
+            TypeError: (:class:`UnsupportedTypeError`) ``data`` is not bytes, ``Path`` or ``str``.
+            ValueError: (:class:`InvalidCheckpointInputError`) empty data, or a socket, FIFO
+                or device, which would not read back as a checkpoint.
+        """
+        self._workspace.path  # noqa: B018 - fails clearly after close()
+        started = time.monotonic()
+        if isinstance(data, bytes | bytearray | memoryview):
+            kind = self._save_bytes(bytes(data))
+        elif isinstance(data, str | os.PathLike):
+            kind = self._save_path(Path(os.fspath(data)), data)
+        else:
+            raise UnsupportedTypeError(
+                f"save() takes bytes, a pathlib.Path or a str path, not {type(data).__name__}"
+            )
+        logger.info("saved %s to %s in %.3f s", kind, self._dest, time.monotonic() - started)
+
+    async def save(self, data: SaveData) -> None:
+        """Async :meth:`save_sync`: the work runs in a thread, so the event loop never stalls.
+
+        If the awaiting task is cancelled, the save already under way still finishes (or fails)
+        atomically in its thread; it is never left half-written.
+        """
+        await asyncio.to_thread(self.save_sync, data)
+
+    def _save_bytes(self, data: bytes) -> str:
+        if not data:
+            raise InvalidCheckpointInputError(
+                "refusing to save empty bytes: an empty object reads back as 'no checkpoint'; "
+                "save at least one byte (e.g. a version marker)"
+            )
+        with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "payload"}) as writer:
+            writer.write(data)
+        return f"{len(data)} bytes"
+
+    def _save_path(self, path: Path, given: object) -> str:
+        if not str(given).strip():
+            raise InvalidCheckpointInputError("save() got an empty path; pass the file or directory to save")
+        with translated_os_errors(str(path), "reading"):
+            try:
+                mode = os.stat(path).st_mode
+            except FileNotFoundError:
+                raise CheckpointNotFoundError(
+                    f"cannot save {path}: no such file or directory (checkpoint source path does not exist)"
+                ) from None
+        if stat.S_ISDIR(mode):
+            with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "archive"}) as writer:
+                archive.pack_directory(path, cast(IO[bytes], writer), level=self._level)
+            return f"directory {path}"
+        if not stat.S_ISREG(mode):
+            raise InvalidCheckpointInputError(
+                f"cannot save {path}: it is a {archive.describe_mode(mode)}, not a regular file or directory"
+            )
+        with translated_os_errors(str(path), "reading"), open(path, "rb") as source:
+            if os.fstat(source.fileno()).st_size == 0:
+                raise InvalidCheckpointInputError(
+                    f"refusing to save {path}: it is empty, and an empty object reads back as 'no checkpoint'"
+                )
+            with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "payload"}) as writer:
+                while chunk := source.read(_COPY_CHUNK):
+                    writer.write(chunk)
+        return f"file {path}"
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove the workspace now (it is also removed when the helper is garbage-collected)."""
+        self._workspace.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(checkpoint_dest={self._dest!r}, checkpoint_src={self._src!r})"
+
+
+def _write_payload(stream: IO[bytes], target: Path) -> Path:
+    """Copy the whole stream to ``target`` via a temp name, so a failed read leaves no payload."""
+    partial = target.with_name(f".{target.name}.partial")
+    with translated_os_errors(str(partial), "restoring"), open(partial, "wb") as out:
+        while chunk := stream.read(_COPY_CHUNK):
+            out.write(chunk)
+    os.replace(partial, target)
+    return target
+
+
+def _names_from_context(run_name: str | None, action_name: str | None) -> tuple[str | None, str | None]:
+    if run_name is not None and action_name is not None:
+        return run_name, action_name
+    from flyte_checkpoint.context import ctx
+
+    current = ctx()
+    if current is None:
+        return run_name, action_name
+    return run_name or current.run_name, action_name or current.action_name

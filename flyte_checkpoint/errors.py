@@ -1,0 +1,64 @@
+"""The exceptions this package raises.
+
+Every error is a :class:`CheckpointError`, and each one also subclasses the builtin that a caller
+would naturally catch (``FileNotFoundError``, ``PermissionError``, ``ValueError`` ...), so code
+written against plain Python exceptions keeps working.
+"""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """Base class of every error raised by ``flyte_checkpoint``."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A path given to save, or a checkpoint asked for explicitly, does not exist."""
+
+
+class CheckpointPermissionError(CheckpointError, PermissionError):
+    """The storage refused access: missing or wrong credentials, or no permission on the path."""
+
+
+class CheckpointUnavailableError(CheckpointError, ConnectionError):
+    """The storage could not be reached, even after bounded retries; the checkpoint may exist."""
+
+
+class CheckpointStorageError(CheckpointError, OSError):
+    """The storage failed in a way that retrying will not fix (disk full, read-only, bad path)."""
+
+
+class CheckpointCorruptError(CheckpointError, ValueError):
+    """A stored checkpoint is damaged: truncated, altered, or not in the format it claims."""
+
+
+class UnsafeArchiveError(CheckpointCorruptError):
+    """An archive tried to write outside the workspace, or holds a forbidden member type."""
+
+
+class ArchiveLimitError(UnsafeArchiveError):
+    """An archive exceeds the configured extraction limits (total bytes or member count)."""
+
+
+class CheckpointClosedError(CheckpointError, RuntimeError):
+    """The checkpoint helper was closed; its workspace is gone."""
+
+
+class InvalidCheckpointInputError(CheckpointError, ValueError):
+    """A value given to the API cannot be checkpointed (for example empty bytes or a socket)."""
+
+
+class UnsupportedTypeError(CheckpointError, TypeError):
+    """A value of an unsupported type was given to the API."""
+
+
+class UnsupportedURIError(CheckpointError, ValueError):
+    """A storage URI has a scheme this package does not handle."""
+
+
+class BackendNotInstalledError(CheckpointError, ImportError):
+    """The fsspec backend for a URI scheme is not installed; the message names the extra."""
+
+
+class ConfigurationError(CheckpointError, ValueError):
+    """Required configuration (such as ``run_base_dir``) is missing or invalid."""

@@ -1,0 +1,221 @@
+"""What every storage backend provides: atomic single-object writes and streaming reads."""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import io
+from collections.abc import Mapping
+from datetime import datetime
+from types import TracebackType
+from typing import IO, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from flyte_checkpoint.errors import CheckpointCorruptError
+
+# Metadata keys stored with every object this package writes. They let a reader verify the
+# bytes (digest, size) and know the format without guessing from the content.
+FORMAT_KEY = "flyte-checkpoint-format"
+DIGEST_KEY = "flyte-checkpoint-sha256"
+SIZE_KEY = "flyte-checkpoint-size"
+
+
+class ObjectInfo(BaseModel):
+    """What a backend knows about a stored object."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uri: str
+    size: int
+    metadata: Mapping[str, str] = {}
+    modified: datetime | None = None
+
+    @property
+    def recorded_digest(self) -> str | None:
+        """The sha256 recorded when this package wrote the object, if the backend kept it."""
+        return self.metadata.get(DIGEST_KEY)
+
+    @property
+    def recorded_format(self) -> str | None:
+        """``"archive"`` or ``"payload"`` when recorded with the object."""
+        return self.metadata.get(FORMAT_KEY)
+
+
+class ObjectWriter(abc.ABC):
+    """A pending object. Nothing is visible at the destination until :meth:`commit` returns.
+
+    Use it as a context manager: leaving the block normally commits, leaving it by an exception
+    (including ``KeyboardInterrupt``) aborts, and the previous object stays as it was.
+    """
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self._digest = hashlib.sha256()
+        self._size = 0
+        self._finished = False
+        self.metadata: dict[str, str] = {}
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append ``data`` to the pending object."""
+        self._digest.update(data)
+        self._size += len(data)
+        self._write(data)
+        return len(data)
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:  # noqa: B027 - deliberately a no-op for every backend
+        """Nothing to do: data is durable only at :meth:`commit`."""
+
+    def tell(self) -> int:
+        return self._size
+
+    def commit(self) -> ObjectInfo:
+        """Make the object visible at its destination, atomically, with its digest recorded."""
+        if self._finished:
+            raise RuntimeError(f"write to {self.uri} already finished")
+        self._finished = True
+        self.metadata[DIGEST_KEY] = self._digest.hexdigest()
+        self.metadata[SIZE_KEY] = str(self._size)
+        try:
+            self._commit()
+        except BaseException:
+            self._abort()
+            raise
+        return ObjectInfo(uri=self.uri, size=self._size, metadata=dict(self.metadata))
+
+    def abort(self) -> None:
+        """Discard everything written; the destination keeps its previous object, if any."""
+        if not self._finished:
+            self._finished = True
+            self._abort()
+
+    def __enter__(self) -> ObjectWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    @abc.abstractmethod
+    def _write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    @abc.abstractmethod
+    def _commit(self) -> None: ...
+
+    @abc.abstractmethod
+    def _abort(self) -> None: ...
+
+
+class VerifyingReader(io.RawIOBase):
+    """Reads an object and, on reaching its end, checks the recorded size and digest.
+
+    The check runs when a read returns end-of-file, so a consumer that reads to the end (as
+    every load does) cannot take a damaged object for a sound one.
+    """
+
+    def __init__(self, stream: IO[bytes], info: ObjectInfo) -> None:
+        super().__init__()
+        self._stream = stream
+        self.info = info
+        self._digest = hashlib.sha256() if info.recorded_digest else None
+        self._size = 0
+        self._verified = False
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        if data:
+            self._size += len(data)
+            if self._digest is not None:
+                self._digest.update(data)
+        elif size != 0:
+            self._verify()
+        return data
+
+    def readall(self) -> bytes:
+        chunks = []
+        while chunk := self.read(1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    @property
+    def verified(self) -> bool:
+        """Whether the whole object was read and matched what was recorded."""
+        return self._verified
+
+    def _verify(self) -> None:
+        if self._verified:
+            return
+        expected_size = self.info.metadata.get(SIZE_KEY)
+        if expected_size is not None and int(expected_size) != self._size:
+            raise CheckpointCorruptError(
+                f"checkpoint {self.info.uri} is damaged: read {self._size} bytes, but "
+                f"{expected_size} were written"
+            )
+        if self._digest is not None and self._digest.hexdigest() != self.info.recorded_digest:
+            raise CheckpointCorruptError(
+                f"checkpoint {self.info.uri} is damaged: its sha256 does not match the digest "
+                "recorded when it was saved"
+            )
+        self._verified = True
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
+
+
+class Backend(abc.ABC):
+    """One storage system, reached by URI."""
+
+    @abc.abstractmethod
+    def open_write(self, uri: str, metadata: Mapping[str, str]) -> ObjectWriter:
+        """Start an atomic write of one object at ``uri``."""
+
+    @abc.abstractmethod
+    def open_read(self, uri: str) -> VerifyingReader | None:
+        """Open the object at ``uri`` for streaming, or ``None`` when there is none."""
+
+    @abc.abstractmethod
+    def info(self, uri: str) -> ObjectInfo | None:
+        """Describe the object at ``uri``, or ``None`` when there is none."""
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy one object to another URI of the same backend, atomically at ``dst``."""
+        reader = self.open_read(src)
+        if reader is None:
+            raise FileNotFoundError(src)
+        copy_stream(reader, self, dst)
+
+    @abc.abstractmethod
+    def delete(self, uri: str) -> None:
+        """Remove the object at ``uri``; nothing happens when it is absent."""
+
+
+def copy_stream(reader: VerifyingReader, backend: Backend, dst: str) -> ObjectInfo:
+    """Stream ``reader`` into a new object at ``dst`` on ``backend``, keeping its format record."""
+    metadata = {}
+    if reader.info.recorded_format:
+        metadata[FORMAT_KEY] = reader.info.recorded_format
+    with reader, backend.open_write(dst, metadata) as writer:
+        while chunk := reader.read(1 << 20):
+            writer.write(chunk)
+    return ObjectInfo(uri=dst, size=writer.tell(), metadata=writer.metadata)

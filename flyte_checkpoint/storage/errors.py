@@ -1,0 +1,69 @@
+"""Translation of backend and OS errors into this package's typed errors, at one boundary."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from collections.abc import Iterator
+
+from flyte_checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointPermissionError,
+    CheckpointStorageError,
+    CheckpointUnavailableError,
+)
+
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ETIMEDOUT,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.EPIPE,
+        errno.EAGAIN,
+    }
+)
+
+
+def os_error_to_checkpoint_error(exc: OSError, uri: str, action: str) -> CheckpointError:
+    """The typed error for an ``OSError`` raised while ``action`` (e.g. "saving") ``uri``."""
+    if isinstance(exc, CheckpointError):
+        return exc
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return CheckpointPermissionError(
+            f"permission denied {action} {uri}: {exc.strerror or exc}; check that the process "
+            "may write there (file permissions, read-only mount) or choose another location"
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return CheckpointStorageError(
+            f"out of space {action} {uri}: {exc.strerror or exc}; the previous checkpoint is "
+            "untouched; free space or raise the quota, then save again"
+        )
+    if isinstance(exc, TimeoutError | ConnectionError) or exc.errno in _TRANSIENT_ERRNOS:
+        return CheckpointUnavailableError(f"storage unavailable {action} {uri}: {exc}")
+    if isinstance(exc, FileNotFoundError):
+        return CheckpointNotFoundError(f"not found {action} {uri}: {exc}")
+    if isinstance(exc, NotADirectoryError) or exc.errno == errno.ENOTDIR:
+        return CheckpointStorageError(
+            f"cannot use {uri} ({action}): a parent of it is a file, not a directory"
+        )
+    if isinstance(exc, IsADirectoryError) or exc.errno == errno.EISDIR:
+        return CheckpointStorageError(
+            f"cannot use {uri} ({action}): it is a directory; a checkpoint location names a "
+            "single object, e.g. .../checkpoint"
+        )
+    return CheckpointStorageError(f"storage error {action} {uri}: {exc}")
+
+
+@contextlib.contextmanager
+def translated_os_errors(uri: str, action: str) -> Iterator[None]:
+    """Re-raise any ``OSError`` inside the block as the matching :class:`CheckpointError`."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except OSError as exc:
+        raise os_error_to_checkpoint_error(exc, uri, action) from exc

@@ -1,0 +1,209 @@
+"""Local disk: atomic replace through a locked temporary file beside the destination."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import uuid
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+
+from flyte_checkpoint.errors import CheckpointStorageError
+from flyte_checkpoint.storage.base import Backend, ObjectInfo, ObjectWriter, VerifyingReader
+from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.uris import local_path
+
+_XATTR_PREFIX = "user."
+_TEMP_SUFFIX = ".fc-tmp"
+_XATTR_UNSUPPORTED = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.E2BIG, errno.ENOSPC}
+
+
+def temp_files_for(dest: Path) -> list[Path]:
+    """The temporary files that saves of ``dest`` create beside it (live or left by a crash)."""
+    prefix = f".{dest.name}."
+    try:
+        return [
+            dest.parent / name
+            for name in os.listdir(dest.parent)
+            if name.startswith(prefix) and name.endswith(_TEMP_SUFFIX)
+        ]
+    except FileNotFoundError:
+        return []
+
+
+def remove_stale_temp_files(dest: Path) -> int:
+    """Delete temp files of ``dest`` whose writer is gone; return how many were removed.
+
+    A writer holds an exclusive ``flock`` on its temp file until it has renamed it, and the kernel
+    drops that lock when the process dies, so a file we can lock is one nobody is writing.
+    """
+    removed = 0
+    for temp in temp_files_for(dest):
+        try:
+            fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            if os.path.samestat(os.fstat(fd), os.lstat(temp)):
+                os.unlink(temp)
+                removed += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+class LocalWriter(ObjectWriter):
+    """Writes into ``.<name>.<random>.fc-tmp`` beside ``dest`` and renames it over ``dest``.
+
+    Atomicity: ``os.replace`` within one directory is atomic on POSIX filesystems, so a reader
+    sees the old file or the new one. Durability: the temp file is fsynced before the rename and
+    the directory after it, so after a power cut the name points at complete data. The temp file
+    lives in the destination's own directory because a rename across filesystems is a copy.
+    """
+
+    def __init__(self, uri: str, dest: Path, metadata: Mapping[str, str]) -> None:
+        super().__init__(uri)
+        self.metadata.update(metadata)
+        self._dest = dest
+        with translated_os_errors(uri, "saving"):
+            if dest.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a directory", str(dest))
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:
+                raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
+            remove_stale_temp_files(dest)
+            self._temp, self._fd = self._create_locked_temp()
+        self._file = os.fdopen(self._fd, "wb", buffering=1 << 20, closefd=False)
+
+    def _create_locked_temp(self) -> tuple[Path, int]:
+        while True:
+            temp = self._dest.parent / f".{self._dest.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}"
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # A concurrent stale-file sweep may have unlinked it between open and lock.
+            try:
+                if os.path.samestat(os.fstat(fd), os.lstat(temp)):
+                    return temp, fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        with translated_os_errors(self.uri, "saving"):
+            self._file.write(data)
+
+    def _commit(self) -> None:
+        with translated_os_errors(self.uri, "saving"):
+            self._file.flush()
+            self._file.close()
+            _set_metadata(self._fd, self.metadata)
+            os.fsync(self._fd)
+            # Still holding the lock, so no sweep can remove the temp file before the rename.
+            os.replace(self._temp, self._dest)
+            _fsync_directory(self._dest.parent)
+            os.close(self._fd)
+
+    def _abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self._file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._temp)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _set_metadata(fd: int, metadata: Mapping[str, str]) -> None:
+    """Record metadata as extended attributes; silently skipped where the filesystem has none."""
+    for key, value in metadata.items():
+        try:
+            os.setxattr(fd, _XATTR_PREFIX + key, value.encode())
+        except OSError as exc:
+            if exc.errno in _XATTR_UNSUPPORTED:
+                return
+            raise
+
+
+def _get_metadata(fd: int) -> dict[str, str]:
+    try:
+        names = os.listxattr(fd)
+    except OSError:
+        return {}
+    metadata = {}
+    for name in names:
+        if name.startswith(_XATTR_PREFIX):
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                metadata[name[len(_XATTR_PREFIX) :]] = os.getxattr(fd, name).decode()
+    return metadata
+
+
+class LocalBackend(Backend):
+    """Plain paths and ``file://`` URIs, without fsspec (whose local writes are not atomic)."""
+
+    def open_write(self, uri: str, metadata: Mapping[str, str]) -> ObjectWriter:
+        return LocalWriter(uri, local_path(uri), metadata)
+
+    def open_read(self, uri: str) -> VerifyingReader | None:
+        path = local_path(uri)
+        with translated_os_errors(uri, "loading"):
+            try:
+                stream = open(path, "rb", buffering=0)  # noqa: SIM115 - owned by the reader
+            except FileNotFoundError:
+                return None
+            # Size and metadata come from the open descriptor, so a concurrent replace of the
+            # path cannot pair one object's bytes with another's digest.
+            info = self._describe(uri, stream.fileno())
+            if info is None:
+                stream.close()
+                raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        return VerifyingReader(stream, info)
+
+    def info(self, uri: str) -> ObjectInfo | None:
+        path = local_path(uri)
+        with translated_os_errors(uri, "inspecting"):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                described = self._describe(uri, fd)
+            finally:
+                os.close(fd)
+        if described is None:
+            raise CheckpointStorageError(f"{uri} is a directory, not a checkpoint object")
+        return described
+
+    @staticmethod
+    def _describe(uri: str, fd: int) -> ObjectInfo | None:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        return ObjectInfo(
+            uri=uri,
+            size=status.st_size,
+            metadata=_get_metadata(fd),
+            modified=datetime.fromtimestamp(status.st_mtime, tz=timezone.utc),
+        )
+
+    def delete(self, uri: str) -> None:
+        with translated_os_errors(uri, "deleting"):
+            local_path(uri).unlink(missing_ok=True)

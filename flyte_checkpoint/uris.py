@@ -1,0 +1,104 @@
+"""Storage URI normalisation and the previous-attempt URI repair."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from flyte_checkpoint.errors import ConfigurationError, UnsupportedURIError
+
+LOCAL_SCHEMES = frozenset({"", "file", "local"})
+REMOTE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
+# The schemes for which an executor may hand over a previous-attempt URI that points at the
+# *current* attempt's directory (see :func:`repair_prev_checkpoint_uri`).
+REPAIRABLE_SCHEMES = frozenset({"s3", "gs", "gcs", "s3a", "abfss", "az"})
+
+ATTEMPT_NUMBER_ENV = "FLYTE_ATTEMPT_NUMBER"
+
+
+def clean_uri(value: str | None) -> str | None:
+    """Strip whitespace and surrounding quotes; an empty result means "no location" (``None``)."""
+    if value is None:
+        return None
+    cleaned = value.strip().strip("\"'").strip()
+    return cleaned or None
+
+
+def scheme_of(uri: str) -> str:
+    """The lower-case scheme of ``uri``; ``""`` for a plain local path."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", uri)
+    return match.group(1).lower() if match else ""
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri`` names a local path (a plain path or a ``file://`` URI)."""
+    return scheme_of(uri) in LOCAL_SCHEMES
+
+
+def check_supported(uri: str) -> str:
+    """Return the scheme of ``uri``, or raise :class:`UnsupportedURIError` naming the supported ones."""
+    scheme = scheme_of(uri)
+    if scheme not in LOCAL_SCHEMES | REMOTE_SCHEMES:
+        supported = ", ".join(f"{s}://" for s in sorted(REMOTE_SCHEMES | {"file"}))
+        raise UnsupportedURIError(
+            f"unsupported storage URI {uri!r}: scheme {scheme!r} is not one of {supported}, "
+            "or a plain local path"
+        )
+    return scheme
+
+
+def local_path(uri: str) -> Path:
+    """The filesystem path of a local ``uri`` (plain path or ``file://`` URI), made absolute."""
+    scheme = scheme_of(uri)
+    if scheme not in LOCAL_SCHEMES:
+        raise UnsupportedURIError(f"{uri!r} is not a local path or file:// URI")
+    if not scheme:
+        return Path(uri).expanduser().absolute()
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise UnsupportedURIError(f"file URI {uri!r} names host {parts.netloc!r}; use file:///absolute/path")
+    return Path(unquote(parts.path)).absolute()
+
+
+def attempt_number_from_env() -> int:
+    """The attempt number in ``FLYTE_ATTEMPT_NUMBER`` (0 when unset); a clear error when malformed."""
+    raw = os.environ.get(ATTEMPT_NUMBER_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ATTEMPT_NUMBER_ENV}={raw!r} is not an integer; set it to the 0-based attempt "
+            "number or unset it"
+        ) from None
+
+
+def repair_prev_checkpoint_uri(
+    prev_uri: str, *, run_name: str | None = None, action_name: str | None = None
+) -> str:
+    """Point a previous-attempt URI at the previous attempt's directory when it names the current one.
+
+    Some executors build the previous checkpoint URI from the *current* attempt directory
+    (``…/{run_name}/{action_name}/{n}/…``). For the remote schemes ``s3://``, ``gs://``,
+    ``gcs://``, ``s3a://``, ``abfss://`` and ``az://`` this rewrites ``n`` to ``n - 1`` when
+    ``n > 1`` and either ``FLYTE_ATTEMPT_NUMBER`` is unset or below 1, or ``n`` equals
+    ``FLYTE_ATTEMPT_NUMBER`` or ``FLYTE_ATTEMPT_NUMBER + 1``. Anything else (local paths, no
+    run or action name, no matching segment, a mismatched segment, ``n <= 1``) is returned as is.
+    """
+    if scheme_of(prev_uri) not in REPAIRABLE_SCHEMES or not run_name or not action_name:
+        return prev_uri
+    pattern = re.compile(rf"/{re.escape(run_name)}/{re.escape(action_name)}/(\d+)/")
+    match = pattern.search(prev_uri)
+    if match is None:
+        return prev_uri
+    segment = int(match.group(1))
+    if segment <= 1:
+        return prev_uri
+    attempt = attempt_number_from_env()
+    if attempt >= 1 and segment not in (attempt, attempt + 1):
+        return prev_uri
+    start, end = match.span(1)
+    return f"{prev_uri[:start]}{segment - 1}{prev_uri[end:]}"
