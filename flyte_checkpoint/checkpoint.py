@@ -170,7 +170,7 @@ class Checkpoint(BaseCheckpoint):
             CheckpointUnavailableError: storage could not be reached after bounded retries.
             CheckpointPermissionError: credentials or permissions refused the read.
         """
-        self._workspace.path  # noqa: B018 - fails clearly after close()
+        self._workspace.ensure_open()
         with self._load_lock:
             if not self._loaded:
                 self._restored = self._restore()
@@ -245,7 +245,7 @@ class Checkpoint(BaseCheckpoint):
             ValueError: (:class:`InvalidCheckpointInputError`) empty data, or a socket, FIFO
                 or device, which would not read back as a checkpoint.
         """
-        self._workspace.path  # noqa: B018 - fails clearly after close()
+        self._workspace.ensure_open()
         started = time.monotonic()
         if isinstance(data, bytes | bytearray | memoryview):
             kind = self._save_bytes(bytes(data))

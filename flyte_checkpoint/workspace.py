@@ -28,14 +28,18 @@ class Workspace:
         self._finalizer: weakref.finalize[[str], Workspace] | None = None
         self._closed = False
 
-    @property
-    def path(self) -> WorkspacePath:
-        """The directory, created if it does not exist yet."""
+    def ensure_open(self) -> None:
+        """Raise :class:`CheckpointClosedError` if the workspace was closed."""
         if self._closed:
             raise CheckpointClosedError(
                 "this checkpoint helper was closed and its workspace removed; create a new "
-                "Checkpoint to load again"
+                "Checkpoint to load or save again"
             )
+
+    @property
+    def path(self) -> WorkspacePath:
+        """The directory, created if it does not exist yet."""
+        self.ensure_open()
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX))
             self._finalizer = weakref.finalize(self, _remove_tree, str(self._directory))

@@ -1,0 +1,40 @@
+"""Shared fixtures: temporary checkpoint locations and a clean task environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint.uris import ATTEMPT_NUMBER_ENV
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_attempt_number(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests start outside any task attempt, whatever the shell running them has set."""
+    monkeypatch.delenv(ATTEMPT_NUMBER_ENV, raising=False)
+    yield
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A small directory shaped like a model checkpoint: weights, config, nested shards."""
+    root = tmp_path / "model"
+    (root / "shards" / "rank0").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / "config.json").write_text('{"layers": 4, "name": "tiny"}')
+    (root / "weights.bin").write_bytes(os.urandom(300_000))
+    (root / "shards" / "rank0" / "part-0.bin").write_bytes(os.urandom(70_000))
+    (root / "shards" / "notes with spaces é.txt").write_text("résumé\n" * 100)
+    (root / "zero-bytes").write_bytes(b"")
+    return root
+
+
+def tree_of(root: Path) -> dict[str, bytes | None]:
+    """Relative path -> file content (``None`` for directories), for comparing restored trees."""
+    return {
+        path.relative_to(root).as_posix(): (None if path.is_dir() else path.read_bytes())
+        for path in sorted(root.rglob("*"))
+    }

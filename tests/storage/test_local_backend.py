@@ -1,0 +1,152 @@
+"""Local disk storage: atomic replace, temp-file hygiene and recorded metadata."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint import CheckpointCorruptError, CheckpointPermissionError
+from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object
+from flyte_checkpoint.storage.local import remove_stale_temp_files, temp_files_for
+
+
+def write(uri: str, data: bytes, fmt: str = "payload") -> None:
+    with backend_for(uri).open_write(uri, {FORMAT_KEY: fmt}) as writer:
+        writer.write(data)
+
+
+def test_nothing_is_visible_before_commit(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    writer = backend_for(str(target)).open_write(str(target), {})
+    writer.write(b"partial")
+    assert not target.exists()
+    writer.commit()
+    assert target.read_bytes() == b"partial"
+
+
+def test_an_exception_inside_the_write_keeps_the_old_object(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"old")
+    with pytest.raises(RuntimeError), backend_for(str(target)).open_write(str(target), {}) as writer:
+        writer.write(b"new but unfinished")
+        raise RuntimeError("crash in the middle")
+    assert target.read_bytes() == b"old"
+    assert temp_files_for(target) == []
+
+
+def test_a_keyboard_interrupt_inside_the_write_keeps_the_old_object(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"old")
+    with pytest.raises(KeyboardInterrupt), backend_for(str(target)).open_write(str(target), {}) as writer:
+        writer.write(b"new")
+        raise KeyboardInterrupt
+    assert target.read_bytes() == b"old"
+
+
+def test_the_format_and_digest_are_recorded_with_the_object(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"abc", fmt="archive")
+    info = backend_for(str(target)).info(str(target))
+    assert info is not None
+    assert info.recorded_format == "archive"
+    assert info.metadata[DIGEST_KEY] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_a_read_of_altered_bytes_fails_the_digest_check(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"abcdef")
+    with open(target, "r+b") as handle:
+        handle.write(b"X")
+    reader = backend_for(str(target)).open_read(str(target))
+    assert reader is not None
+    with reader, pytest.raises(CheckpointCorruptError, match="sha256"):
+        reader.read()
+        reader.read()
+
+
+def test_a_read_of_a_truncated_object_fails_the_size_check(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"abcdef")
+    os.truncate(target, 3)
+    reader = backend_for(str(target)).open_read(str(target))
+    assert reader is not None
+    with reader, pytest.raises(CheckpointCorruptError, match="read 3 bytes"):
+        while reader.read(2):
+            pass
+
+
+def test_temp_files_left_by_a_dead_writer_are_removed_by_the_next_save(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    orphan = tmp_path / ".obj.deadbeef.fc-tmp"
+    orphan.write_bytes(b"left by a killed process")
+    write(str(target), b"fresh")
+    assert not orphan.exists()
+    assert target.read_bytes() == b"fresh"
+
+
+def test_a_temp_file_still_locked_by_a_live_writer_is_kept(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    live = tmp_path / ".obj.cafe.fc-tmp"
+    live.write_bytes(b"being written")
+    fd = os.open(live, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert remove_stale_temp_files(target) == 0
+        assert live.exists()
+    finally:
+        os.close(fd)
+    assert remove_stale_temp_files(target) == 1
+
+
+def test_temp_files_of_other_objects_are_not_touched(tmp_path: Path) -> None:
+    other = tmp_path / ".other.1234.fc-tmp"
+    other.write_bytes(b"x")
+    write(str(tmp_path / "obj"), b"y")
+    assert other.exists()
+
+
+def test_copy_keeps_the_bytes_and_the_format_record(tmp_path: Path) -> None:
+    write(str(tmp_path / "a"), b"payload bytes", fmt="archive")
+    assert copy_object(str(tmp_path / "a"), str(tmp_path / "b"))
+    info = backend_for(str(tmp_path / "b")).info(str(tmp_path / "b"))
+    assert info is not None
+    assert (tmp_path / "b").read_bytes() == b"payload bytes"
+    assert info.recorded_format == "archive"
+
+
+def test_copy_of_a_missing_object_reports_false(tmp_path: Path) -> None:
+    assert copy_object(str(tmp_path / "none"), str(tmp_path / "b")) is False
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_unwritable_directory_is_a_permission_error_naming_the_path() -> None:
+    # Root ignores directory permissions, so the save runs as "nobody" in a child process
+    # (after its imports, which need the interpreter under /root).
+    locked = Path(tempfile.mkdtemp(prefix="fc-locked-", dir="/tmp"))
+    try:
+        locked.chmod(0o755)
+        script = (
+            "import os, sys\n"
+            "from flyte_checkpoint import Checkpoint, CheckpointPermissionError\n"
+            "if os.geteuid() == 0: os.setgid(65534); os.setuid(65534)\n"
+            "try:\n"
+            f"    Checkpoint({str(locked / 'sub' / 'obj')!r}).save_sync(b'x')\n"
+            "except CheckpointPermissionError as exc:\n"
+            "    print(exc); sys.exit(3)\n"
+        )
+        if os.geteuid() != 0:
+            locked.chmod(0o555)
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 3, result.stderr
+        assert str(locked) in result.stdout
+        assert "permission denied" in result.stdout
+    finally:
+        locked.chmod(0o755)
+        shutil.rmtree(locked)

@@ -1,0 +1,84 @@
+"""The ``flyte-checkpoint run`` command, as a platform's container entry would call it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, attempt: int | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("FLYTE_ATTEMPT_NUMBER", None)
+    if attempt is not None:
+        env["FLYTE_ATTEMPT_NUMBER"] = str(attempt)
+    return subprocess.run(
+        [sys.executable, "-m", "flyte_checkpoint", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_run_executes_the_task_with_its_checkpoint_paths_and_prints_the_result(tmp_path: Path) -> None:
+    (tmp_path / "prev").write_bytes(b"40")
+    result = run_cli(
+        "run",
+        "--checkpoint-path",
+        str(tmp_path / "cur"),
+        "--prev-checkpoint",
+        str(tmp_path / "prev"),
+        "tests.test_runners:add_from_checkpoint",
+        "--inputs",
+        '{"increment": 2}',
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == 42
+    assert (tmp_path / "cur").read_bytes() == b"42"
+
+
+def test_run_resumes_across_separate_processes_like_a_remote_retry(tmp_path: Path) -> None:
+    cur, prev = tmp_path / "cur", tmp_path / "prev"
+    outputs = []
+    for attempt in range(3):
+        if cur.exists():
+            prev.write_bytes(cur.read_bytes())  # what the platform stages between attempts
+        result = run_cli(
+            "run", "--checkpoint-path", str(cur), "--prev-checkpoint", str(prev),
+            "tests.test_runners:add_from_checkpoint", "--inputs", '{"increment": 10}',
+            attempt=attempt,
+        )
+        assert result.returncode == 0, result.stderr
+        outputs.append(json.loads(result.stdout))
+    assert outputs == [10, 20, 30]
+
+
+def test_a_failing_task_exits_1_with_one_clear_line(tmp_path: Path) -> None:
+    result = run_cli("run", "--checkpoint-path", str(tmp_path / "cur"), "os:getcwd", "--inputs", '{"bad": 1}')
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("flyte-checkpoint: error: TypeError")
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    result = run_cli("--debug", "run", "--checkpoint-path", str(tmp_path / "c"), "os:getcwd", "--inputs", '{"x": 1}')
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr
+
+
+def test_inputs_that_are_not_a_json_object_are_refused(tmp_path: Path) -> None:
+    result = run_cli("run", "--checkpoint-path", str(tmp_path / "c"), "os:getcwd", "--inputs", "[1, 2]")
+    assert result.returncode != 0
+    assert "JSON object" in result.stderr
+
+
+def test_help_shows_an_example() -> None:
+    result = run_cli("run", "--help")
+    assert result.returncode == 0
+    assert "example: flyte-checkpoint run" in result.stdout

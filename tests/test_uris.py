@@ -1,0 +1,105 @@
+"""URI cleaning, scheme checks and the previous-attempt URI repair rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint import ConfigurationError, UnsupportedURIError, repair_prev_checkpoint_uri
+from flyte_checkpoint.uris import check_supported, clean_uri, local_path
+
+RUN = "run-abc"
+ACTION = "train"
+
+
+def uri(scheme: str, attempt: int) -> str:
+    return f"{scheme}://bucket/metadata/{RUN}/{ACTION}/{attempt}/prev_checkpoint"
+
+
+def repair(value: str) -> str:
+    return repair_prev_checkpoint_uri(value, run_name=RUN, action_name=ACTION)
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "gcs", "s3a", "abfss", "az"])
+def test_each_remote_scheme_gets_the_attempt_segment_decremented(scheme: str) -> None:
+    assert repair(uri(scheme, 3)) == uri(scheme, 2)
+
+
+@pytest.mark.parametrize("scheme", ["file", "abfs"])
+def test_other_schemes_are_left_unchanged(scheme: str) -> None:
+    assert repair(uri(scheme, 3)) == uri(scheme, 3)
+
+
+def test_a_plain_local_path_is_left_unchanged() -> None:
+    value = f"/data/{RUN}/{ACTION}/3/prev"
+    assert repair(value) == value
+
+
+@pytest.mark.parametrize("attempt", [0, 1])
+def test_attempt_segments_of_one_or_less_are_left_unchanged(attempt: int) -> None:
+    assert repair(uri("s3", attempt)) == uri("s3", attempt)
+
+
+def test_a_uri_without_the_run_and_action_segment_is_left_unchanged() -> None:
+    assert repair("s3://bucket/other/run/3/prev") == "s3://bucket/other/run/3/prev"
+
+
+def test_without_run_or_action_names_nothing_is_repaired() -> None:
+    assert repair_prev_checkpoint_uri(uri("s3", 3)) == uri("s3", 3)
+    assert repair_prev_checkpoint_uri(uri("s3", 3), run_name=RUN) == uri("s3", 3)
+
+
+@pytest.mark.parametrize("env_attempt", ["3", "2"])
+def test_a_segment_matching_the_attempt_number_or_one_more_is_repaired(
+    monkeypatch: pytest.MonkeyPatch, env_attempt: str
+) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", env_attempt)
+    assert repair(uri("gs", 3)) == uri("gs", 2)
+
+
+def test_a_segment_not_matching_the_attempt_number_is_left_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "5")
+    assert repair(uri("s3", 3)) == uri("s3", 3)
+
+
+def test_an_attempt_number_below_one_only_requires_a_segment_above_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "0")
+    assert repair(uri("az", 7)) == uri("az", 6)
+
+
+def test_names_with_regex_characters_are_matched_literally() -> None:
+    value = "s3://b/x/run.1/act+x/3/prev"
+    assert repair_prev_checkpoint_uri(value, run_name="run.1", action_name="act+x") == "s3://b/x/run.1/act+x/2/prev"
+    assert repair_prev_checkpoint_uri("s3://b/x/runX1/act+x/3/p", run_name="run.1", action_name="act+x") == (
+        "s3://b/x/runX1/act+x/3/p"
+    )
+
+
+def test_a_malformed_attempt_number_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "1.5")
+    with pytest.raises(ConfigurationError, match="not an integer"):
+        repair(uri("s3", 3))
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, None), ("", None), ("  ", None), ('"s3://b/k"', "s3://b/k"), (" 's3://b/k' ", "s3://b/k")],
+)
+def test_clean_uri_strips_whitespace_and_quotes(raw: str | None, expected: str | None) -> None:
+    assert clean_uri(raw) == expected
+
+
+@pytest.mark.parametrize("value", ["ftp://h/x", "http://h/x", "hdfs://n/x"])
+def test_unsupported_schemes_are_refused(value: str) -> None:
+    with pytest.raises(UnsupportedURIError, match="unsupported storage URI"):
+        check_supported(value)
+
+
+def test_file_uris_map_to_local_paths(tmp_path: Path) -> None:
+    assert local_path((tmp_path / "a b").as_uri()) == tmp_path / "a b"
+
+
+def test_file_uris_with_a_remote_host_are_refused() -> None:
+    with pytest.raises(UnsupportedURIError, match="host"):
+        local_path("file://server/share/x")
