@@ -209,6 +209,14 @@ class Backend(abc.ABC):
     def delete(self, uri: str) -> None:
         """Remove the object at ``uri``; nothing happens when it is absent."""
 
+    @abc.abstractmethod
+    def list_prefix(self, uri: str) -> list[str]:
+        """The URIs of all objects below the directory-like prefix ``uri`` (recursive, sorted)."""
+
+    @abc.abstractmethod
+    def delete_prefix(self, uri: str) -> None:
+        """Remove every object below the directory-like prefix ``uri``; absent is fine."""
+
 
 def copy_stream(reader: VerifyingReader, backend: Backend, dst: str) -> ObjectInfo:
     """Stream ``reader`` into a new object at ``dst`` on ``backend``, keeping its format record."""

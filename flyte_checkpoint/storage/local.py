@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import stat
 import uuid
 from collections.abc import Mapping
@@ -207,3 +208,21 @@ class LocalBackend(Backend):
     def delete(self, uri: str) -> None:
         with translated_os_errors(uri, "deleting"):
             local_path(uri).unlink(missing_ok=True)
+
+    def list_prefix(self, uri: str) -> list[str]:
+        root = local_path(uri)
+        with translated_os_errors(uri, "listing"):
+            if not root.is_dir():
+                return []
+            found = [
+                str(path)
+                for path in root.rglob("*")
+                if path.is_file() and not path.name.endswith(_TEMP_SUFFIX)
+            ]
+        return sorted(found)
+
+    def delete_prefix(self, uri: str) -> None:
+        root = local_path(uri)
+        with translated_os_errors(uri, "deleting"):
+            if root.is_dir():
+                shutil.rmtree(root)

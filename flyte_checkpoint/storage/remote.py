@@ -96,6 +96,20 @@ class FsspecBackend(Backend):
         with translated_os_errors(uri, "deleting"), contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(uri)
 
+    def list_prefix(self, uri: str) -> list[str]:
+        with translated_os_errors(uri, "listing"):
+            try:
+                found = self.fs.find(uri.rstrip("/") + "/")
+            except FileNotFoundError:
+                return []
+        return sorted(self.fs.unstrip_protocol(path) for path in found)
+
+    def delete_prefix(self, uri: str) -> None:
+        with translated_os_errors(uri, "deleting"):
+            for path in self.fs.find(uri.rstrip("/") + "/"):
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(path)
+
 
 def backend_protocol(uri: str) -> str:
     """The fsspec protocol for ``uri`` (``s3a`` is served by ``s3``)."""
