@@ -25,6 +25,7 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, StorageOptions, backend_for
 from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
 from flyte_checkpoint.workspace import Workspace
 
@@ -91,6 +92,7 @@ class Checkpoint(BaseCheckpoint):
         repair_prev_uri: apply :func:`repair_prev_checkpoint_uri` to remote sources.
         run_name, action_name: the names used by that repair; default to the current
             :class:`TaskContext`'s.
+        retry: how transient storage failures are retried (whole save or load, bounded).
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class Checkpoint(BaseCheckpoint):
         repair_prev_uri: bool = True,
         run_name: str | None = None,
         action_name: str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if not isinstance(checkpoint_dest, str | os.PathLike):
             raise UnsupportedTypeError(
@@ -129,6 +132,7 @@ class Checkpoint(BaseCheckpoint):
         self._src_backend: Backend | None = backend_for(src, storage_options) if src else None
         self._level = compression_level
         self._limits = extraction_limits or ExtractionLimits()
+        self._retry = retry or RetryPolicy()
         self._workspace = Workspace()
         self._load_lock = threading.Lock()
         self._loaded = False
@@ -184,34 +188,37 @@ class Checkpoint(BaseCheckpoint):
         return await asyncio.to_thread(self.load_sync)
 
     def _restore(self) -> Path | None:
-        if self._src is None or self._src_backend is None:
+        src, backend = self._src, self._src_backend
+        if src is None or backend is None:
             return None
+        return self._retry.call(lambda: self._restore_once(src, backend), describe=f"loading {src}")
+
+    def _restore_once(self, src: str, backend: Backend) -> Path | None:
         started = time.monotonic()
-        reader = self._src_backend.open_read(self._src)
+        reader = backend.open_read(src)
         if reader is None:
-            logger.info("no previous checkpoint at %s; starting fresh", self._src)
+            logger.info("no previous checkpoint at %s; starting fresh", src)
             return None
         with reader:
             if reader.info.size == 0:
-                logger.info("previous checkpoint %s is empty; starting fresh", self._src)
+                logger.info("previous checkpoint %s is empty; starting fresh", src)
                 return None
             self._workspace.clear()
             try:
-                restored = self._unpack(reader)
+                restored = self._unpack(reader, src)
             except BaseException:
                 self._workspace.clear()
                 raise
         logger.info(
             "restored %s (%d bytes) into %s in %.3f s",
-            self._src,
+            src,
             reader.info.size,
             restored,
             time.monotonic() - started,
         )
         return restored
 
-    def _unpack(self, reader: VerifyingReader) -> Path:
-        assert self._src is not None
+    def _unpack(self, reader: VerifyingReader, src: str) -> Path:
         root = self._workspace.path
         stream: IO[bytes] = cast(IO[bytes], reader)
         kind = cast(ObjectKind | None, reader.info.recorded_format)
@@ -227,7 +234,7 @@ class Checkpoint(BaseCheckpoint):
             return _write_payload(stream, root / PAYLOAD_BASENAME)
         except CheckpointCorruptError as exc:
             raise type(exc)(
-                f"cannot restore checkpoint {self._src}: {exc}; the object is damaged or unsafe, "
+                f"cannot restore checkpoint {src}: {exc}; the object is damaged or unsafe, "
                 "so nothing was restored (delete it or point checkpoint_src at a sound one)"
             ) from exc
 
@@ -248,9 +255,11 @@ class Checkpoint(BaseCheckpoint):
         self._workspace.ensure_open()
         started = time.monotonic()
         if isinstance(data, bytes | bytearray | memoryview):
-            kind = self._save_bytes(bytes(data))
+            content = bytes(data)
+            kind = self._retry.call(lambda: self._save_bytes(content), describe=f"saving {self._dest}")
         elif isinstance(data, str | os.PathLike):
-            kind = self._save_path(Path(os.fspath(data)), data)
+            path = Path(os.fspath(data))
+            kind = self._retry.call(lambda: self._save_path(path, data), describe=f"saving {self._dest}")
         else:
             raise UnsupportedTypeError(
                 f"save() takes bytes, a pathlib.Path or a str path, not {type(data).__name__}"
