@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,12 +17,14 @@ from typing import IO, cast
 
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
+from flyte_checkpoint.background import BackgroundSaver
 from flyte_checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
     UnsupportedTypeError,
 )
+from flyte_checkpoint.snapshot import Snapshot, take_snapshot
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, StorageOptions, backend_for
 from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.errors import translated_os_errors
@@ -135,6 +138,7 @@ class Checkpoint(BaseCheckpoint):
         self._retry = retry or RetryPolicy()
         self._workspace = Workspace()
         self._load_lock = threading.Lock()
+        self._saver: BackgroundSaver | None = None
         self._loaded = False
         self._restored: Path | None = None
 
@@ -240,11 +244,17 @@ class Checkpoint(BaseCheckpoint):
 
     # -- save --------------------------------------------------------------------------------
 
-    def save_sync(self, data: SaveData) -> None:
+    def save_sync(self, data: SaveData, *, background: bool = False) -> None:
         """Save ``data`` to :attr:`remote_destination`, atomically replacing what was there.
 
         ``bytes`` become the object; a file path is uploaded as-is; a directory path is uploaded
         as one ``.tar.gz`` of its immediate children, streamed (no temporary archive).
+
+        With ``background=True`` the call returns as soon as a snapshot of ``data`` is taken (hard
+        links, no data copied) and the upload runs in a worker thread; later changes to the files
+        do not leak into it. At most one background save is in flight; a newer one supersedes a
+        queued one. Its failure is raised by the next save, :meth:`wait_sync` or :meth:`close`.
+        A blocking save first waits for background saves, so saves land in call order.
 
         Raises:
             FileNotFoundError: (:class:`CheckpointNotFoundError`) the path does not exist.
@@ -253,70 +263,73 @@ class Checkpoint(BaseCheckpoint):
                 or device, which would not read back as a checkpoint.
         """
         self._workspace.ensure_open()
-        started = time.monotonic()
-        if isinstance(data, bytes | bytearray | memoryview):
-            content = bytes(data)
-            kind = self._retry.call(lambda: self._save_bytes(content), describe=f"saving {self._dest}")
-        elif isinstance(data, str | os.PathLike):
-            path = Path(os.fspath(data))
-            kind = self._retry.call(lambda: self._save_path(path, data), describe=f"saving {self._dest}")
-        else:
-            raise UnsupportedTypeError(
-                f"save() takes bytes, a pathlib.Path or a str path, not {type(data).__name__}"
-            )
-        logger.info("saved %s to %s in %.3f s", kind, self._dest, time.monotonic() - started)
+        content = _validated(data)
+        if background:
+            snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
+            self._background_saver().submit(snapshot)
+            return
+        self.wait_sync()
+        self._upload(Snapshot(content))
 
-    async def save(self, data: SaveData) -> None:
+    async def save(self, data: SaveData, *, background: bool = False) -> None:
         """Async :meth:`save_sync`: the work runs in a thread, so the event loop never stalls.
 
         If the awaiting task is cancelled, the save already under way still finishes (or fails)
         atomically in its thread; it is never left half-written.
         """
-        await asyncio.to_thread(self.save_sync, data)
+        await asyncio.to_thread(self.save_sync, data, background=background)
 
-    def _save_bytes(self, data: bytes) -> str:
-        if not data:
-            raise InvalidCheckpointInputError(
-                "refusing to save empty bytes: an empty object reads back as 'no checkpoint'; "
-                "save at least one byte (e.g. a version marker)"
-            )
-        with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "payload"}) as writer:
-            writer.write(data)
-        return f"{len(data)} bytes"
+    def wait_sync(self) -> None:
+        """Block until background saves are done; raise the failure of one that failed."""
+        if self._saver is not None:
+            self._saver.wait()
 
-    def _save_path(self, path: Path, given: object) -> str:
-        if not str(given).strip():
-            raise InvalidCheckpointInputError("save() got an empty path; pass the file or directory to save")
-        with translated_os_errors(str(path), "reading"):
-            try:
-                mode = os.stat(path).st_mode
-            except FileNotFoundError:
-                raise CheckpointNotFoundError(
-                    f"cannot save {path}: no such file or directory (checkpoint source path does not exist)"
-                ) from None
-        if stat.S_ISDIR(mode):
-            with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "archive"}) as writer:
-                archive.pack_directory(path, cast(IO[bytes], writer), level=self._level)
-            return f"directory {path}"
-        if not stat.S_ISREG(mode):
-            raise InvalidCheckpointInputError(
-                f"cannot save {path}: it is a {archive.describe_mode(mode)}, not a regular file or directory"
-            )
-        with translated_os_errors(str(path), "reading"), open(path, "rb") as source:
-            if os.fstat(source.fileno()).st_size == 0:
-                raise InvalidCheckpointInputError(
-                    f"refusing to save {path}: it is empty, and an empty object reads back as 'no checkpoint'"
-                )
+    async def wait(self) -> None:
+        """Async :meth:`wait_sync`."""
+        await asyncio.to_thread(self.wait_sync)
+
+    def _background_saver(self) -> BackgroundSaver:
+        if self._saver is None:
+            self._saver = BackgroundSaver(self._upload, self._dest)
+        return self._saver
+
+    def _upload(self, snapshot: Snapshot) -> None:
+        started = time.monotonic()
+        kind = self._retry.call(lambda: self._upload_once(snapshot), describe=f"saving {self._dest}")
+        logger.info("saved %s to %s in %.3f s", kind, self._dest, time.monotonic() - started)
+
+    def _upload_once(self, snapshot: Snapshot) -> str:
+        content = snapshot.data
+        if isinstance(content, bytes):
             with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "payload"}) as writer:
-                while chunk := source.read(_COPY_CHUNK):
-                    writer.write(chunk)
-        return f"file {path}"
+                writer.write(content)
+            return f"{len(content)} bytes"
+        if content.is_dir():
+            with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "archive"}) as writer:
+                archive.pack_directory(content, cast(IO[bytes], writer), level=self._level)
+                snapshot.verify_unchanged()  # before commit: a changed input aborts the upload
+            return f"directory {content}"
+        with (
+            translated_os_errors(str(content), "reading"),
+            open(content, "rb") as source,
+            self._dest_backend.open_write(self._dest, {FORMAT_KEY: "payload"}) as writer,
+        ):
+            while chunk := source.read(_COPY_CHUNK):
+                writer.write(chunk)
+            snapshot.verify_unchanged()
+        return f"file {content}"
 
     # -- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Remove the workspace now (it is also removed when the helper is garbage-collected)."""
-        self._workspace.close()
+        """Finish background saves, then remove the workspace (also removed on garbage collection).
+
+        Raises the failure of a background save, after removing the workspace all the same.
+        """
+        try:
+            self.wait_sync()
+        finally:
+            self._workspace.close()
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -331,6 +344,42 @@ class Checkpoint(BaseCheckpoint):
 
     def __repr__(self) -> str:
         return f"Checkpoint(checkpoint_dest={self._dest!r}, checkpoint_src={self._src!r})"
+
+
+def _validated(data: SaveData) -> bytes | Path:
+    """``data`` as bytes or a path to a regular file or directory, or a clear error."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        content = bytes(data)
+        if not content:
+            raise InvalidCheckpointInputError(
+                "refusing to save empty bytes: an empty object reads back as 'no checkpoint'; "
+                "save at least one byte (e.g. a version marker)"
+            )
+        return content
+    if not isinstance(data, str | os.PathLike):
+        raise UnsupportedTypeError(
+            f"save() takes bytes, a pathlib.Path or a str path, not {type(data).__name__}"
+        )
+    if not str(os.fspath(data)).strip():
+        raise InvalidCheckpointInputError("save() got an empty path; pass the file or directory to save")
+    path = Path(os.fspath(data))
+    with translated_os_errors(str(path), "reading"):
+        try:
+            status = os.stat(path)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"cannot save {path}: no such file or directory (checkpoint source path does not exist)"
+            ) from None
+    if stat.S_ISREG(status.st_mode) and status.st_size == 0:
+        raise InvalidCheckpointInputError(
+            f"refusing to save {path}: it is empty, and an empty object reads back as 'no checkpoint'"
+        )
+    if not (stat.S_ISDIR(status.st_mode) or stat.S_ISREG(status.st_mode)):
+        raise InvalidCheckpointInputError(
+            f"cannot save {path}: it is a {archive.describe_mode(status.st_mode)}, not a regular file "
+            "or directory"
+        )
+    return path
 
 
 def _write_payload(stream: IO[bytes], target: Path) -> Path:

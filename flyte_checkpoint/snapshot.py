@@ -1,0 +1,144 @@
+"""Cheap, consistent snapshots of save inputs, so a background save is isolated from later writes.
+
+A directory is snapshotted as a tree of hard links (one ``link()`` per file, no data copied) on
+the same filesystem; a later ``write-new-then-rename``, a delete or a new file in the source does
+not reach the snapshot. An in-place overwrite of a file *does* reach it (the inode is shared), so
+every snapshot file's size and mtime are recorded and checked again after the upload has
+read it: a change fails that save before it commits, rather than storing a mix of two states.
+Where hard links are impossible (another filesystem, a filesystem without them) the files are
+copied instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flyte_checkpoint.archive import describe_mode
+from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError
+
+_Stamp = tuple[int, int]
+
+
+class InputChangedError(CheckpointError, RuntimeError):
+    """A file was overwritten in place while a background save was reading it."""
+
+
+@dataclass
+class Snapshot:
+    """A frozen view of what a save will upload: bytes, or a path private to this save."""
+
+    data: bytes | Path
+    owned_root: Path | None = None
+    stamps: dict[Path, _Stamp] = field(default_factory=dict)
+
+    def verify_unchanged(self) -> None:
+        """Raise :class:`InputChangedError` if any snapshot file changed since it was taken."""
+        for path, stamp in self.stamps.items():
+            try:
+                now = _stamp(os.lstat(path))
+            except FileNotFoundError:
+                now = (-1, -1)
+            if now != stamp:
+                raise InputChangedError(
+                    f"{path.name} was modified in place while a background save was uploading it, "
+                    "so that save was discarded and the previous checkpoint kept; write new files "
+                    "and rename them (as torch.save to a new name does) or wait() before rewriting"
+                )
+
+    def discard(self) -> None:
+        """Remove the private copy, if this snapshot made one."""
+        if self.owned_root is not None:
+            shutil.rmtree(self.owned_root, ignore_errors=True)
+            self.owned_root = None
+
+
+def _stamp(status: os.stat_result) -> _Stamp:
+    # Not ctime: unlinking or renaming over the *source* name changes the shared inode's ctime,
+    # and those are exactly the writes a snapshot isolates.
+    return (status.st_size, status.st_mtime_ns)
+
+
+def take_snapshot(data: bytes | Path, scratch: Path) -> Snapshot:
+    """Snapshot ``data``; hard links go below ``scratch`` or, failing that, beside the source."""
+    if isinstance(data, bytes):
+        return Snapshot(data)
+    mode = os.stat(data).st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise InvalidCheckpointInputError(
+            f"cannot save {data}: it is a {describe_mode(mode)}, not a regular file or directory"
+        )
+    for parent in (scratch, data.parent):
+        root = parent / f".flyte-cp-snapshot-{uuid.uuid4().hex}"
+        try:
+            root.mkdir()
+        except OSError:
+            continue
+        snapshot = Snapshot(root / data.name, owned_root=root)
+        try:
+            _mirror(data, root / data.name, snapshot, link=True)
+            return snapshot
+        except OSError as exc:
+            snapshot.discard()
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+                raise
+    root = scratch / f".flyte-cp-snapshot-{uuid.uuid4().hex}"
+    root.mkdir()
+    snapshot = Snapshot(root / data.name, owned_root=root)
+    try:
+        _mirror(data, root / data.name, snapshot, link=False)
+    except BaseException:
+        snapshot.discard()
+        raise
+    return snapshot
+
+
+def _mirror(source: Path, target: Path, snapshot: Snapshot, *, link: bool) -> None:
+    status = os.stat(source)
+    if stat.S_ISREG(status.st_mode):
+        _place_file(source, target, snapshot, link=link)
+        return
+    target.mkdir()
+    for directory, dirnames, filenames in os.walk(source):
+        relative = Path(directory).relative_to(source)
+        for name in sorted(dirnames):
+            entry = Path(directory) / name
+            if os.path.islink(entry):
+                os.symlink(_link_target(entry, source), target / relative / name)
+            else:
+                (target / relative / name).mkdir()
+        for name in sorted(filenames):
+            entry = Path(directory) / name
+            mode = os.lstat(entry).st_mode
+            if stat.S_ISLNK(mode):
+                os.symlink(_link_target(entry, source), target / relative / name)
+            elif stat.S_ISREG(mode):
+                _place_file(entry, target / relative / name, snapshot, link=link)
+            else:
+                raise InvalidCheckpointInputError(
+                    f"cannot save {entry}: it is a {describe_mode(mode)}, which a checkpoint cannot hold"
+                )
+        with contextlib.suppress(OSError):
+            shutil.copystat(directory, target / relative, follow_symlinks=False)
+
+
+def _link_target(link: Path, source: Path) -> str:
+    """A link's target, made relative when it is absolute but inside the tree being saved."""
+    target = os.readlink(link)
+    if os.path.isabs(target) and (target == str(source) or target.startswith(f"{source}{os.sep}")):
+        return os.path.relpath(target, link.parent)
+    return target
+
+
+def _place_file(source: Path, target: Path, snapshot: Snapshot, *, link: bool) -> None:
+    if link:
+        os.link(source, target, follow_symlinks=False)
+        snapshot.stamps[target] = _stamp(os.lstat(target))
+    else:
+        shutil.copy2(source, target, follow_symlinks=False)

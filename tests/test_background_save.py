@@ -1,0 +1,170 @@
+"""Background saves: return after a snapshot, upload in a worker, isolate later writes, surface failures."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyte_checkpoint import Checkpoint, CheckpointStorageError, ctx, run_with_retries
+from flyte_checkpoint import archive as archive_module
+from flyte_checkpoint.snapshot import InputChangedError
+from flyte_checkpoint.storage.base import Backend
+from tests.conftest import tree_of
+
+
+def restore(target: Path) -> Path:
+    restored = Checkpoint("unused", str(target)).load_sync()
+    assert restored is not None
+    return restored
+
+
+def stall_uploads(monkeypatch: pytest.MonkeyPatch, backend: Backend, gate: threading.Event) -> list[str]:
+    """Fault injection: every upload waits for ``gate`` before it starts writing."""
+    original = backend.open_write
+    started: list[str] = []
+
+    def gated_open_write(uri: str, metadata: Any) -> Any:
+        started.append(uri)
+        assert gate.wait(30), "test gate never opened"
+        return original(uri, metadata)
+
+    monkeypatch.setattr(backend, "open_write", gated_open_write)
+    return started
+
+
+def test_a_background_save_returns_before_the_upload_and_lands_after_wait(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp.save_sync(model_dir, background=True)
+    assert not target.exists()
+    gate.set()
+    cp.wait_sync()
+    assert tree_of(restore(target)) == tree_of(model_dir)
+
+
+def test_files_replaced_or_added_after_the_snapshot_do_not_leak_into_the_object(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = tree_of(model_dir)
+    cp = Checkpoint(str(tmp_path / "obj"))
+    gate = threading.Event()
+    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp.save_sync(model_dir, background=True)
+    replacement = model_dir / "weights.bin.tmp"
+    replacement.write_bytes(b"new weights")
+    os.replace(replacement, model_dir / "weights.bin")
+    (model_dir / "config.json").unlink()
+    (model_dir / "added-later.txt").write_text("late")
+    gate.set()
+    cp.wait_sync()
+    assert tree_of(restore(tmp_path / "obj")) == expected
+
+
+def test_a_file_overwritten_in_place_during_upload_fails_that_save_and_keeps_the_old_object(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    cp.save_sync(b"old checkpoint")
+    original_pack = archive_module.pack_directory
+
+    def pack_while_training_writes(source: Path, sink: Any, *, level: int) -> None:
+        with open(model_dir / "weights.bin", "r+b") as weights:  # the trainer rewrites in place
+            weights.write(b"CHANGED")
+        original_pack(source, sink, level=level)
+
+    monkeypatch.setattr(archive_module, "pack_directory", pack_while_training_writes)
+    cp.save_sync(model_dir, background=True)
+    with pytest.raises(InputChangedError, match="weights.bin was modified in place"):
+        cp.wait_sync()
+    assert target.read_bytes() == b"old checkpoint"
+
+
+def test_a_newer_background_save_supersedes_the_queued_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    started = stall_uploads(monkeypatch, cp._dest_backend, gate)
+    for step in range(5):
+        cp.save_sync(f"step {step}".encode(), background=True)
+    gate.set()
+    cp.wait_sync()
+    assert target.read_bytes() == b"step 4"
+    assert cp._saver is not None
+    assert cp._saver.superseded == 3
+    assert len(started) == 2
+
+
+def test_a_background_failure_is_raised_by_the_next_save(tmp_path: Path) -> None:
+    (tmp_path / "a-directory").mkdir()
+    cp = Checkpoint(str(tmp_path / "a-directory"))
+    cp.save_sync(b"cannot land", background=True)
+    with pytest.raises(CheckpointStorageError, match="is a directory"):
+        cp.save_sync(b"next")
+
+
+def test_a_background_failure_is_raised_by_close(tmp_path: Path) -> None:
+    (tmp_path / "a-directory").mkdir()
+    cp = Checkpoint(str(tmp_path / "a-directory"))
+    cp.save_sync(b"cannot land", background=True)
+    workspace = Path(str(cp.path))
+    with pytest.raises(CheckpointStorageError):
+        cp.close()
+    assert not workspace.exists()
+
+
+def test_a_blocking_save_lands_after_earlier_background_saves(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    cp.save_sync(os.urandom(1 << 20), background=True)
+    cp.save_sync(b"final")
+    assert target.read_bytes() == b"final"
+
+
+def test_snapshots_are_removed_after_the_upload(tmp_path: Path, model_dir: Path) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    cp.save_sync(model_dir, background=True)
+    cp.wait_sync()
+    leftovers = [p for p in model_dir.parent.iterdir() if p.name.startswith(".flyte-cp-snapshot-")]
+    assert leftovers == []
+
+
+def test_a_background_save_of_a_missing_path_fails_at_once(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Checkpoint(str(tmp_path / "obj")).save_sync(tmp_path / "missing", background=True)
+
+
+def test_the_retry_runner_flushes_background_saves_before_an_attempt_ends(tmp_path: Path) -> None:
+    def task() -> None:
+        context = ctx()
+        assert context is not None and context.checkpoint is not None
+        context.checkpoint.save_sync(os.urandom(4 << 20), background=True)
+
+    run_with_retries(task, retries=0, checkpoint_dir=tmp_path)
+    assert (tmp_path / "checkpoint").stat().st_size == 4 << 20
+
+
+async def test_an_async_background_save_returns_quickly_and_wait_flushes_it(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    for index in range(4):
+        (big / f"shard{index}").write_bytes(os.urandom(8 << 20))
+    cp = Checkpoint(str(tmp_path / "obj"), compression_level=9)
+    started = time.monotonic()
+    await cp.save(big, background=True)
+    returned_after = time.monotonic() - started
+    await cp.wait()
+    total = time.monotonic() - started
+    assert returned_after < total
+    assert tree_of(restore(tmp_path / "obj")) == tree_of(big)
