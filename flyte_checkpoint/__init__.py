@@ -5,12 +5,7 @@ in ``async def`` tasks, ``load_sync()``/``save_sync()`` in ``def`` tasks.
 """
 
 from flyte_checkpoint.archive import ExtractionLimits
-from flyte_checkpoint.checkpoint import (
-    CHECKPOINT_CACHE_KEY,
-    PAYLOAD_BASENAME,
-    BaseCheckpoint,
-    Checkpoint,
-)
+from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY, BaseCheckpoint, Checkpoint
 from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, task_context
 from flyte_checkpoint.errors import (
     ArchiveLimitError,
@@ -29,6 +24,7 @@ from flyte_checkpoint.errors import (
     UnsupportedURIError,
 )
 from flyte_checkpoint.latest import latest_checkpoint
+from flyte_checkpoint.restore import PAYLOAD_BASENAME
 from flyte_checkpoint.runners import (
     checkpoint_paths_for_run,
     load_and_run_task,

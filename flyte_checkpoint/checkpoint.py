@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import io
 import logging
 import os
 import stat
@@ -16,26 +15,22 @@ from types import TracebackType
 from typing import IO, cast
 
 from flyte_checkpoint import archive
-from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
+from flyte_checkpoint.archive import ExtractionLimits
 from flyte_checkpoint.background import BackgroundSaver
 from flyte_checkpoint.errors import (
-    CheckpointCorruptError,
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
     UnsupportedTypeError,
 )
+from flyte_checkpoint.restore import restore_object
 from flyte_checkpoint.snapshot import Snapshot, take_snapshot
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, StorageOptions, backend_for
-from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
 from flyte_checkpoint.workspace import Workspace
 
 logger = logging.getLogger("flyte_checkpoint")
-
-PAYLOAD_BASENAME = "payload"
-"""The file name under :attr:`Checkpoint.path` where a raw (non-archive) object is restored."""
 
 CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
 """The key under which :attr:`TaskContext.checkpoint` caches its helper in ``TaskContext.data``."""
@@ -209,7 +204,7 @@ class Checkpoint(BaseCheckpoint):
                 return None
             self._workspace.clear()
             try:
-                restored = self._unpack(reader, src)
+                restored = restore_object(reader, self._workspace.path, limits=self._limits)
             except BaseException:
                 self._workspace.clear()
                 raise
@@ -221,26 +216,6 @@ class Checkpoint(BaseCheckpoint):
             time.monotonic() - started,
         )
         return restored
-
-    def _unpack(self, reader: VerifyingReader, src: str) -> Path:
-        root = self._workspace.path
-        stream: IO[bytes] = cast(IO[bytes], reader)
-        kind = cast(ObjectKind | None, reader.info.recorded_format)
-        compressed = True
-        if kind not in ("archive", "payload"):
-            head = reader.read(archive.SNIFF_BYTES)
-            kind, compressed = archive.sniff_kind(head)
-            stream = cast(IO[bytes], io.BufferedReader(archive.PrefixedReader(head, stream)))
-        try:
-            if kind == "archive":
-                archive.unpack_archive(stream, root, compressed=compressed, limits=self._limits)
-                return root
-            return _write_payload(stream, root / PAYLOAD_BASENAME)
-        except CheckpointCorruptError as exc:
-            raise type(exc)(
-                f"cannot restore checkpoint {src}: {exc}; the object is damaged or unsafe, "
-                "so nothing was restored (delete it or point checkpoint_src at a sound one)"
-            ) from exc
 
     # -- save --------------------------------------------------------------------------------
 
@@ -380,16 +355,6 @@ def _validated(data: SaveData) -> bytes | Path:
             "or directory"
         )
     return path
-
-
-def _write_payload(stream: IO[bytes], target: Path) -> Path:
-    """Copy the whole stream to ``target`` via a temp name, so a failed read leaves no payload."""
-    partial = target.with_name(f".{target.name}.partial")
-    with translated_os_errors(str(partial), "restoring"), open(partial, "wb") as out:
-        while chunk := stream.read(_COPY_CHUNK):
-            out.write(chunk)
-    os.replace(partial, target)
-    return target
 
 
 def _names_from_context(run_name: str | None, action_name: str | None) -> tuple[str | None, str | None]:

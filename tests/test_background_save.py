@@ -96,7 +96,11 @@ def test_a_newer_background_save_supersedes_the_queued_one(
     cp = Checkpoint(str(target))
     gate = threading.Event()
     started = stall_uploads(monkeypatch, cp._dest_backend, gate)
-    for step in range(5):
+    cp.save_sync(b"step 0", background=True)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:  # step 0 is in flight, held at the gate
+        time.sleep(0.001)
+    for step in range(1, 5):
         cp.save_sync(f"step {step}".encode(), background=True)
     gate.set()
     cp.wait_sync()
