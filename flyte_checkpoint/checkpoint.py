@@ -15,16 +15,17 @@ from types import TracebackType
 from typing import IO, cast
 
 from flyte_checkpoint import archive
-from flyte_checkpoint.archive import ExtractionLimits
+from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.background import BackgroundSaver
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
     UnsupportedTypeError,
 )
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.restore import restore_object
 from flyte_checkpoint.snapshot import Snapshot, take_snapshot
-from flyte_checkpoint.storage import FORMAT_KEY, Backend, StorageOptions, backend_for
+from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectWriter, StorageOptions, backend_for
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
@@ -60,7 +61,7 @@ class BaseCheckpoint(abc.ABC):
         """Save ``data`` as this attempt's checkpoint; see :meth:`save_sync`."""
 
     @abc.abstractmethod
-    def load_sync(self) -> Path | None:
+    def load_sync(self, *, progress: ProgressCallback | None = None) -> Path | None:
         """Restore the previous attempt's checkpoint, blocking."""
 
     @abc.abstractmethod
@@ -160,12 +161,13 @@ class Checkpoint(BaseCheckpoint):
 
     # -- load --------------------------------------------------------------------------------
 
-    def load_sync(self) -> Path | None:
+    def load_sync(self, *, progress: ProgressCallback | None = None) -> Path | None:
         """Restore the previous checkpoint into :attr:`path`; ``None`` when there is none.
 
         Returns :attr:`path` for a directory archive and ``path / "payload"`` for a raw object.
         The first call clears the workspace and fetches; later calls (from any thread) return the
         cached result without fetching again. Errors are not cached: a failed load can be retried.
+        ``progress(bytes_read, object_size)`` is called as the object streams in.
 
         Raises:
             CheckpointCorruptError: the object is damaged (digest, gzip CRC, truncation) or an
@@ -176,23 +178,23 @@ class Checkpoint(BaseCheckpoint):
         self._workspace.ensure_open()
         with self._load_lock:
             if not self._loaded:
-                self._restored = self._restore()
+                self._restored = self._restore(progress)
                 self._loaded = True
             if self._restored is None:
                 return None
             return self._workspace.keep_alive(self._restored)
 
-    async def load(self) -> Path | None:
+    async def load(self, *, progress: ProgressCallback | None = None) -> Path | None:
         """Async :meth:`load_sync`: the work runs in a thread, so the event loop never stalls."""
-        return await asyncio.to_thread(self.load_sync)
+        return await asyncio.to_thread(self.load_sync, progress=progress)
 
-    def _restore(self) -> Path | None:
+    def _restore(self, progress: ProgressCallback | None) -> Path | None:
         src, backend = self._src, self._src_backend
         if src is None or backend is None:
             return None
-        return self._retry.call(lambda: self._restore_once(src, backend), describe=f"loading {src}")
+        return self._retry.call(lambda: self._restore_once(src, backend, progress), describe=f"loading {src}")
 
-    def _restore_once(self, src: str, backend: Backend) -> Path | None:
+    def _restore_once(self, src: str, backend: Backend, progress: ProgressCallback | None) -> Path | None:
         started = time.monotonic()
         reader = backend.open_read(src)
         if reader is None:
@@ -202,24 +204,22 @@ class Checkpoint(BaseCheckpoint):
             if reader.info.size == 0:
                 logger.info("previous checkpoint %s is empty; starting fresh", src)
                 return None
+            if progress is not None:
+                reader.progress = ProgressReporter(progress, reader.info.size)
             self._workspace.clear()
             try:
                 restored = restore_object(reader, self._workspace.path, limits=self._limits)
             except BaseException:
                 self._workspace.clear()
                 raise
-        logger.info(
-            "restored %s (%d bytes) into %s in %.3f s",
-            src,
-            reader.info.size,
-            restored,
-            time.monotonic() - started,
-        )
+        _log_transfer("loaded", src, "into " + str(restored), reader.info.size, started)
         return restored
 
     # -- save --------------------------------------------------------------------------------
 
-    def save_sync(self, data: SaveData, *, background: bool = False) -> None:
+    def save_sync(
+        self, data: SaveData, *, background: bool = False, progress: ProgressCallback | None = None
+    ) -> None:
         """Save ``data`` to :attr:`remote_destination`, atomically replacing what was there.
 
         ``bytes`` become the object; a file path is uploaded as-is; a directory path is uploaded
@@ -231,6 +231,9 @@ class Checkpoint(BaseCheckpoint):
         queued one. Its failure is raised by the next save, :meth:`wait_sync` or :meth:`close`.
         A blocking save first waits for background saves, so saves land in call order.
 
+        ``progress(bytes_written, total)`` is called as the object is written; ``total`` is
+        known for bytes and files, ``None`` for a directory (its archive size is not known ahead).
+
         Raises:
             FileNotFoundError: (:class:`CheckpointNotFoundError`) the path does not exist.
             TypeError: (:class:`UnsupportedTypeError`) ``data`` is not bytes, ``Path`` or ``str``.
@@ -241,18 +244,21 @@ class Checkpoint(BaseCheckpoint):
         content = _validated(data)
         if background:
             snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
+            snapshot.progress = progress
             self._background_saver().submit(snapshot)
             return
         self.wait_sync()
-        self._upload(Snapshot(content))
+        self._upload(Snapshot(content, progress=progress))
 
-    async def save(self, data: SaveData, *, background: bool = False) -> None:
+    async def save(
+        self, data: SaveData, *, background: bool = False, progress: ProgressCallback | None = None
+    ) -> None:
         """Async :meth:`save_sync`: the work runs in a thread, so the event loop never stalls.
 
         If the awaiting task is cancelled, the save already under way still finishes (or fails)
         atomically in its thread; it is never left half-written.
         """
-        await asyncio.to_thread(self.save_sync, data, background=background)
+        await asyncio.to_thread(self.save_sync, data, background=background, progress=progress)
 
     def wait_sync(self) -> None:
         """Block until background saves are done; raise the failure of one that failed."""
@@ -270,29 +276,35 @@ class Checkpoint(BaseCheckpoint):
 
     def _upload(self, snapshot: Snapshot) -> None:
         started = time.monotonic()
-        kind = self._retry.call(lambda: self._upload_once(snapshot), describe=f"saving {self._dest}")
-        logger.info("saved %s to %s in %.3f s", kind, self._dest, time.monotonic() - started)
+        kind, size = self._retry.call(lambda: self._upload_once(snapshot), describe=f"saving {self._dest}")
+        _log_transfer("saved", self._dest, kind, size, started)
 
-    def _upload_once(self, snapshot: Snapshot) -> str:
+    def _open_writer(self, kind: ObjectKind, snapshot: Snapshot, total: int | None) -> ObjectWriter:
+        writer = self._dest_backend.open_write(self._dest, {FORMAT_KEY: kind})
+        if snapshot.progress is not None:
+            writer.progress = ProgressReporter(snapshot.progress, total)
+        return writer
+
+    def _upload_once(self, snapshot: Snapshot) -> tuple[str, int]:
         content = snapshot.data
         if isinstance(content, bytes):
-            with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "payload"}) as writer:
+            with self._open_writer("payload", snapshot, len(content)) as writer:
                 writer.write(content)
-            return f"{len(content)} bytes"
+            return "bytes", writer.tell()
         if content.is_dir():
-            with self._dest_backend.open_write(self._dest, {FORMAT_KEY: "archive"}) as writer:
+            with self._open_writer("archive", snapshot, None) as writer:
                 archive.pack_directory(content, cast(IO[bytes], writer), level=self._level)
                 snapshot.verify_unchanged()  # before commit: a changed input aborts the upload
-            return f"directory {content}"
+            return f"directory {content}", writer.tell()
         with (
             translated_os_errors(str(content), "reading"),
             open(content, "rb") as source,
-            self._dest_backend.open_write(self._dest, {FORMAT_KEY: "payload"}) as writer,
+            self._open_writer("payload", snapshot, os.fstat(source.fileno()).st_size) as writer,
         ):
             while chunk := source.read(_COPY_CHUNK):
                 writer.write(chunk)
             snapshot.verify_unchanged()
-        return f"file {content}"
+        return f"file {content}", writer.tell()
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -355,6 +367,12 @@ def _validated(data: SaveData) -> bytes | Path:
             "or directory"
         )
     return path
+
+
+def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:
+    seconds = max(time.monotonic() - started, 1e-9)
+    mib = size / (1 << 20)
+    logger.info("%s %s %s: %.1f MiB in %.3f s (%.1f MiB/s)", verb, uri, what, mib, seconds, mib / seconds)
 
 
 def _names_from_context(run_name: str | None, action_name: str | None) -> tuple[str | None, str | None]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from flyte_checkpoint.archive import describe_mode
 from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError
+from flyte_checkpoint.progress import ProgressCallback
 
 _Stamp = tuple[int, int]
 
@@ -37,6 +38,7 @@ class Snapshot:
     data: bytes | Path
     owned_root: Path | None = None
     stamps: dict[Path, _Stamp] = field(default_factory=dict)
+    progress: ProgressCallback | None = None
 
     def verify_unchanged(self) -> None:
         """Raise :class:`InputChangedError` if any snapshot file changed since it was taken."""

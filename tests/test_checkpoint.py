@@ -9,6 +9,7 @@ import os
 import tarfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,7 +108,9 @@ def test_a_directory_round_trips_into_the_workspace(tmp_path: Path, model_dir: P
     assert tree_of(cp.path) == tree_of(model_dir)
 
 
-def test_a_directory_is_stored_as_a_gzip_tar_of_its_immediate_children(tmp_path: Path, model_dir: Path) -> None:
+def test_a_directory_is_stored_as_a_gzip_tar_of_its_immediate_children(
+    tmp_path: Path, model_dir: Path
+) -> None:
     target = saved(tmp_path, model_dir)
     with tarfile.open(target, "r:gz") as tar:
         names = set(tar.getnames())
@@ -187,9 +190,9 @@ def test_concurrent_loads_fetch_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     calls = []
     original = cp._restore
 
-    def counting_restore() -> Path | None:
+    def counting_restore(progress: Any) -> Path | None:
         calls.append(1)
-        return original()
+        return original(progress)
 
     monkeypatch.setattr(cp, "_restore", counting_restore)
     results: list[Path | None] = []
@@ -207,9 +210,9 @@ async def test_concurrent_async_loads_fetch_once(tmp_path: Path, monkeypatch: py
     calls = []
     original = cp._restore
 
-    def counting_restore() -> Path | None:
+    def counting_restore(progress: Any) -> Path | None:
         calls.append(1)
-        return original()
+        return original(progress)
 
     monkeypatch.setattr(cp, "_restore", counting_restore)
     results = await asyncio.gather(*(cp.load() for _ in range(8)))
@@ -377,3 +380,41 @@ def test_the_workspace_goes_once_the_last_returned_path_is_dropped(tmp_path: Pat
     del restored
     gc.collect()
     assert not workspace.exists()
+
+
+def test_save_progress_reports_bytes_up_to_the_total(tmp_path: Path) -> None:
+    data = os.urandom(5 << 20)
+    reports: list[tuple[int, int | None]] = []
+    Checkpoint(str(tmp_path / "obj")).save_sync(
+        data, progress=lambda done, total: reports.append((done, total))
+    )
+    assert reports[-1] == (len(data), len(data))
+    assert [done for done, _ in reports] == sorted(done for done, _ in reports)
+    assert len(reports) >= 5
+
+
+def test_directory_save_progress_has_no_total_but_ends_at_the_object_size(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    reports: list[tuple[int, int | None]] = []
+    Checkpoint(str(tmp_path / "obj")).save_sync(model_dir, progress=lambda d, t: reports.append((d, t)))
+    assert reports[-1] == ((tmp_path / "obj").stat().st_size, None)
+
+
+def test_load_progress_ends_at_the_object_size(tmp_path: Path, model_dir: Path) -> None:
+    target = saved(tmp_path, model_dir)
+    reports: list[tuple[int, int | None]] = []
+    Checkpoint("unused", str(target)).load_sync(progress=lambda d, t: reports.append((d, t)))
+    size = target.stat().st_size
+    assert reports[-1] == (size, size)
+
+
+def test_each_save_and_load_logs_one_info_line_with_size_and_speed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="flyte_checkpoint")
+    target = saved(tmp_path, b"x" * 2048)
+    Checkpoint("unused", str(target)).load_sync()
+    lines = [r.getMessage() for r in caplog.records if r.name == "flyte_checkpoint"]
+    assert any(line.startswith(f"saved {target} bytes: 0.0 MiB in") and "MiB/s" in line for line in lines)
+    assert any(line.startswith(f"loaded {target} into") for line in lines)

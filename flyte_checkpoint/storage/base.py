@@ -13,6 +13,7 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.progress import ProgressReporter
 
 # Metadata keys stored with every object this package writes. They let a reader verify the
 # bytes (digest, size) and know the format without guessing from the content.
@@ -55,12 +56,15 @@ class ObjectWriter(abc.ABC):
         self._size = 0
         self._finished = False
         self.metadata: dict[str, str] = {}
+        self.progress: ProgressReporter | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data`` to the pending object."""
         self._digest.update(data)
         self._size += len(data)
         self._write(data)
+        if self.progress is not None:
+            self.progress.advance(self._size)
         return len(data)
 
     def writable(self) -> bool:
@@ -84,6 +88,8 @@ class ObjectWriter(abc.ABC):
         except BaseException:
             self._abort()
             raise
+        if self.progress is not None:
+            self.progress.finish(self._size)
         return ObjectInfo(uri=self.uri, size=self._size, metadata=dict(self.metadata))
 
     def abort(self) -> None:
@@ -130,6 +136,7 @@ class VerifyingReader(io.RawIOBase):
         self._digest = hashlib.sha256() if info.recorded_digest else None
         self._size = 0
         self._verified = False
+        self.progress: ProgressReporter | None = None
 
     def read(self, size: int = -1) -> bytes:
         data = self._stream.read(size)
@@ -137,8 +144,12 @@ class VerifyingReader(io.RawIOBase):
             self._size += len(data)
             if self._digest is not None:
                 self._digest.update(data)
+            if self.progress is not None:
+                self.progress.advance(self._size)
         elif size != 0:
             self._verify()
+            if self.progress is not None:
+                self.progress.finish(self._size)
         return data
 
     def readall(self) -> bytes:

@@ -1,0 +1,31 @@
+"""Progress reporting for transfers: a callback told the bytes done and the total when known."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+ProgressCallback = Callable[[int, "int | None"], None]
+"""``callback(bytes_done, total_bytes_or_None)``; may be called from a worker thread."""
+
+_STEP = 1 << 20
+
+
+class ProgressReporter:
+    """Calls ``callback`` at most once per MiB transferred, and once more at the end."""
+
+    def __init__(self, callback: ProgressCallback, total: int | None) -> None:
+        self._callback = callback
+        self.total = total
+        self._reported = -1
+
+    def advance(self, done: int) -> None:
+        """Report ``done`` bytes if at least a MiB passed since the last report."""
+        if done - self._reported >= _STEP:
+            self._reported = done
+            self._callback(done, self.total)
+
+    def finish(self, done: int) -> None:
+        """Report the final count, unless it was just reported."""
+        if done != self._reported:
+            self._reported = done
+            self._callback(done, self.total)
