@@ -50,8 +50,14 @@ def test_run_resumes_across_separate_processes_like_a_remote_retry(tmp_path: Pat
         if cur.exists():
             prev.write_bytes(cur.read_bytes())  # what the platform stages between attempts
         result = run_cli(
-            "run", "--checkpoint-path", str(cur), "--prev-checkpoint", str(prev),
-            "tests.test_runners:add_from_checkpoint", "--inputs", '{"increment": 10}',
+            "run",
+            "--checkpoint-path",
+            str(cur),
+            "--prev-checkpoint",
+            str(prev),
+            "tests.test_runners:add_from_checkpoint",
+            "--inputs",
+            '{"increment": 10}',
             attempt=attempt,
         )
         assert result.returncode == 0, result.stderr
@@ -67,7 +73,9 @@ def test_a_failing_task_exits_1_with_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
-    result = run_cli("--debug", "run", "--checkpoint-path", str(tmp_path / "c"), "os:getcwd", "--inputs", '{"x": 1}')
+    result = run_cli(
+        "--debug", "run", "--checkpoint-path", str(tmp_path / "c"), "os:getcwd", "--inputs", '{"x": 1}'
+    )
     assert result.returncode == 1
     assert "Traceback" in result.stderr
 

@@ -22,9 +22,7 @@ from flyte_checkpoint import (
 
 
 def paths(tmp_path: Path) -> CheckpointPaths:
-    return CheckpointPaths(
-        prev_checkpoint_path=str(tmp_path / "prev"), checkpoint_path=str(tmp_path / "cur")
-    )
+    return CheckpointPaths(prev_checkpoint_path=str(tmp_path / "prev"), checkpoint_path=str(tmp_path / "cur"))
 
 
 def test_checkpoint_paths_is_frozen(tmp_path: Path) -> None:

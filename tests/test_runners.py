@@ -88,12 +88,18 @@ def test_the_async_counter_task_resumes_from_each_checkpoint(tmp_path: Path) -> 
 async def test_the_async_runner_runs_both_kinds_of_task_inside_an_event_loop(tmp_path: Path) -> None:
     sync_starts: list[int] = []
     async_starts: list[int] = []
-    assert await run_with_retries_async(
-        use_checkpoint, 12, sync_starts, retries=RETRIES, checkpoint_dir=tmp_path / "s"
-    ) == 11
-    assert await run_with_retries_async(
-        use_checkpoint_async, 12, async_starts, retries=RETRIES, checkpoint_dir=tmp_path / "a"
-    ) == 11
+    assert (
+        await run_with_retries_async(
+            use_checkpoint, 12, sync_starts, retries=RETRIES, checkpoint_dir=tmp_path / "s"
+        )
+        == 11
+    )
+    assert (
+        await run_with_retries_async(
+            use_checkpoint_async, 12, async_starts, retries=RETRIES, checkpoint_dir=tmp_path / "a"
+        )
+        == 11
+    )
     assert sync_starts == async_starts == [0, 4, 8]
 
 
@@ -174,7 +180,9 @@ def test_an_attempt_that_saved_nothing_leaves_the_previous_checkpoint_in_place(t
     assert restored_values == [None, b"only save", b"only save"]
 
 
-def test_a_directory_checkpoint_is_staged_and_restored_across_attempts(tmp_path: Path, model_dir: Path) -> None:
+def test_a_directory_checkpoint_is_staged_and_restored_across_attempts(
+    tmp_path: Path, model_dir: Path
+) -> None:
     from tests.conftest import tree_of
 
     def task() -> dict[str, bytes | None]:
@@ -300,7 +308,9 @@ async def add_from_checkpoint_async(increment: int) -> int:
 @pytest.mark.parametrize("task", [add_from_checkpoint, add_from_checkpoint_async])
 def test_load_and_run_task_runs_one_attempt_with_the_given_paths(tmp_path: Path, task: object) -> None:
     (tmp_path / "prev").write_bytes(b"40")
-    paths = CheckpointPaths(checkpoint_path=str(tmp_path / "cur"), prev_checkpoint_path=str(tmp_path / "prev"))
+    paths = CheckpointPaths(
+        checkpoint_path=str(tmp_path / "cur"), prev_checkpoint_path=str(tmp_path / "prev")
+    )
     assert load_and_run_task(task, checkpoint_paths=paths, inputs={"increment": 2}) == 42  # type: ignore[arg-type]
     assert (tmp_path / "cur").read_bytes() == b"42"
 
@@ -315,7 +325,11 @@ def test_load_and_run_task_resolves_module_function_references(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("reference", "message"),
-    [("no_colon", "package.module:function"), ("no.such.module:f", "cannot import"), ("os:nope", "no attribute")],
+    [
+        ("no_colon", "package.module:function"),
+        ("no.such.module:f", "cannot import"),
+        ("os:nope", "no attribute"),
+    ],
 )
 def test_bad_task_references_are_clear_errors(reference: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):

@@ -63,14 +63,19 @@ def test_a_segment_not_matching_the_attempt_number_is_left_unchanged(monkeypatch
     assert repair(uri("s3", 3)) == uri("s3", 3)
 
 
-def test_an_attempt_number_below_one_only_requires_a_segment_above_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_attempt_number_below_one_only_requires_a_segment_above_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "0")
     assert repair(uri("az", 7)) == uri("az", 6)
 
 
 def test_names_with_regex_characters_are_matched_literally() -> None:
     value = "s3://b/x/run.1/act+x/3/prev"
-    assert repair_prev_checkpoint_uri(value, run_name="run.1", action_name="act+x") == "s3://b/x/run.1/act+x/2/prev"
+    assert (
+        repair_prev_checkpoint_uri(value, run_name="run.1", action_name="act+x")
+        == "s3://b/x/run.1/act+x/2/prev"
+    )
     assert repair_prev_checkpoint_uri("s3://b/x/runX1/act+x/3/p", run_name="run.1", action_name="act+x") == (
         "s3://b/x/runX1/act+x/3/p"
     )
