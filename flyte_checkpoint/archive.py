@@ -8,20 +8,35 @@ Extraction does not trust the archive. It follows the ``data`` filter rules of P
 own code, so that it behaves the same on every supported Python (the standard library's filter
 had escapes fixed only in late patch releases): no absolute names, no ``..``, no device or FIFO
 nodes, no setuid/setgid/sticky bits, hard links only to files already extracted, and symbolic
-links created only after every file has been written, then checked to resolve inside the tree.
+links created only after every file has been written, then checked, all together, to resolve
+inside the tree.
+
+The tar stream is parsed by this module too (ustar, PAX and GNU long-name headers), not by
+:mod:`tarfile`, whose reader differs between Python versions in ways a hostile archive can use:
+before 3.11.10/3.12.6 its PAX parser takes quadratic time on crafted records (CVE-2024-6232),
+before 3.13 it keeps every member header of a stream in memory, it buffers an extended header of
+whatever size the header declares, and it takes a damaged or missing header after the first
+for the end of the archive. Here every header must carry a valid checksum, extended headers are
+capped, and a stream that ends before its end-of-archive block is a truncated one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
+import math
 import os
 import posixpath
+import re
 import stat
+import struct
 import tarfile
 import zlib
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
@@ -52,6 +67,7 @@ ObjectKind = Literal["archive", "payload"]
 DEFAULT_COMPRESSION_LEVEL = 1
 _CHUNK = 1 << 20
 _TAR_BLOCK = tarfile.BLOCKSIZE
+_ZERO_BLOCK = bytes(_TAR_BLOCK)
 # Errors that mean "the bytes are not a valid archive", as opposed to failures of the stream.
 _FORMAT_ERRORS: tuple[type[BaseException], ...] = (
     tarfile.TarError,
@@ -60,6 +76,13 @@ _FORMAT_ERRORS: tuple[type[BaseException], ...] = (
     gzip.BadGzipFile,
     *_ISAL_ERRORS,
 )
+
+_MAX_EXTENDED_HEADER = 1 << 20
+"""The most bytes of PAX / GNU long-name headers one member may carry (paths are < 4 KiB)."""
+_MAX_LINK_FOLLOWS = 40
+"""Links followed while checking one symbolic link, as many as Linux follows (MAXSYMLINKS)."""
+_MAX_RESOLVE_STEPS = 4096
+"""Path components walked while checking one symbolic link; a longer walk is refused."""
 
 
 class ExtractionLimits(BaseModel):
@@ -102,9 +125,10 @@ def gzip_writer(sink: IO[bytes], level: int) -> Iterator[IO[bytes]]:
 def pack_directory(source: Path, sink: IO[bytes], *, level: int = DEFAULT_COMPRESSION_LEVEL) -> None:
     """Write ``source``'s immediate children, recursively, as a ``.tar.gz`` stream into ``sink``.
 
-    Symbolic links that stay inside ``source`` are stored as links; a link leaving it, a socket,
-    a FIFO or a device node is refused before anything is written, because the archive could not
-    be restored faithfully.
+    Symbolic links that stay inside ``source`` are stored as links (absolute targets made
+    relative); a link leaving it (checked the way :func:`unpack_archive` checks it, so what saves
+    also loads), a socket, a FIFO or a device node is refused before anything is written,
+    because the archive could not be restored faithfully.
     """
     root = Path(os.path.realpath(source))
     entries = list(_walk(root))  # validate the whole tree before the first byte goes out
@@ -129,7 +153,7 @@ def _walk(root: Path) -> Iterator[tuple[Path, str]]:
             arcname = path.relative_to(root).as_posix()
             mode = entry.stat(follow_symlinks=False).st_mode
             if stat.S_ISLNK(mode):
-                _check_link_stays_inside(root, path)
+                _check_link_stays_inside(root, path, arcname)
             elif stat.S_ISDIR(mode):
                 pending.append(path)
             elif not stat.S_ISREG(mode):
@@ -140,23 +164,32 @@ def _walk(root: Path) -> Iterator[tuple[Path, str]]:
             yield path, arcname
 
 
-def _check_link_stays_inside(root: Path, link: Path) -> None:
+def _stored_link_target(link: Path) -> str:
+    """The target a symbolic link is archived with: relative, so the tree points at itself."""
     target = os.readlink(link)
-    resolved = os.path.normpath(os.path.join(os.path.dirname(link), target))
-    real = os.path.realpath(link)
-    if not (_is_within(resolved, str(root)) and _is_within(real, str(root))):
+    if os.path.isabs(target):
+        return os.path.relpath(target, os.path.dirname(link))
+    return target
+
+
+def _check_link_stays_inside(root: Path, link: Path, arcname: str) -> None:
+    target = os.readlink(link)
+    stored = _stored_link_target(link)
+    where = "the directory being saved"
+    problem = _link_target_problem(arcname, stored, where) or _link_resolution_problem(
+        str(root), arcname, stored, where
+    )
+    if problem is not None:
         raise InvalidCheckpointInputError(
-            f"cannot save {link}: it is a symbolic link to {target!r}, outside the directory "
-            "being saved, so it could not be restored; copy the target into the directory "
-            "or remove the link"
+            f"cannot save {link}: it is a symbolic link to {target!r}, {problem}, so it could not "
+            "be restored; copy the target into the directory or remove the link"
         )
 
 
 def _add_entry(tar: tarfile.TarFile, root: Path, path: Path, arcname: str) -> None:
     info = tar.gettarinfo(str(path), arcname)
-    if info.issym() and os.path.isabs(info.linkname):
-        # Stored relative, so the tree still points at itself wherever it is restored.
-        info.linkname = os.path.relpath(info.linkname, os.path.dirname(path))
+    if info.issym():
+        info.linkname = _stored_link_target(path)
     if info.isreg():
         with open(path, "rb") as content:
             tar.addfile(info, content)
@@ -176,6 +209,332 @@ def describe_mode(mode: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Symbolic links: the one check used on save and on load
+# ---------------------------------------------------------------------------------------------
+
+
+def _link_target_problem(name: str, target: str, where: str) -> str | None:
+    """What is wrong with ``target`` for a link named ``name``, judged from the text alone."""
+    if not target:
+        return "an empty target"
+    if "\x00" in target:
+        return "a target with a NUL byte"
+    if target.startswith("/"):
+        return f"an absolute path, outside {where}"
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    if resolved == ".." or resolved.startswith("../"):
+        return f"which climbs with '..' outside {where}"
+    return None
+
+
+def _link_resolution_problem(root: str, name: str, target: str, where: str) -> str | None:
+    """Follow ``target`` from the link ``name`` through the tree at ``root`` as the kernel would.
+
+    Returns why it leaves ``root`` (or cannot be checked), or ``None`` when it stays inside.
+    Components that do not exist are taken lexically (as directories someone may create later),
+    so a dangling link passes only if it would stay inside whatever is created under it. Unlike
+    ``os.path.realpath``, this never gives up and continues lexically on an error, and it is the
+    same code on every Python version.
+    """
+    stack = name.split("/")[:-1]  # the link's own directory: real directories, made by us
+    real = len(stack)  # how many leading components of ``stack`` exist as directories
+    pending = deque(target.split("/"))
+    follows = steps = 0
+    while pending:
+        steps += 1
+        if steps > _MAX_RESOLVE_STEPS:
+            return f"which takes over {_MAX_RESOLVE_STEPS} steps to follow: too many to check it stays inside"
+        part = pending.popleft()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                return f"which resolves outside {where}"
+            stack.pop()
+            real = min(real, len(stack))
+            continue
+        stack.append(part)
+        if real < len(stack) - 1:
+            continue  # below something that does not exist (or is a file): lexical from here
+        path = os.path.join(root, *stack)
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            return f"which cannot be followed to check it stays inside {where} ({exc.strerror})"
+        if stat.S_ISLNK(mode):
+            follows += 1
+            if follows > _MAX_LINK_FOLLOWS:
+                return (
+                    f"which is a loop or a chain of over {_MAX_LINK_FOLLOWS} links, unusable inside {where}"
+                )
+            link_target = os.readlink(path)
+            stack.pop()
+            if link_target.startswith("/"):
+                return f"which goes through a link to an absolute path, outside {where}"
+            pending.extendleft(reversed(link_target.split("/")))
+        elif stat.S_ISDIR(mode):
+            real = len(stack)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Tar headers
+# ---------------------------------------------------------------------------------------------
+
+_FILE_TYPES = frozenset({tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE})
+_PAX_TYPES = frozenset({tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE})
+_LONG_TYPES = frozenset({tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK})
+_USTAR_MAGIC = b"ustar\x00"
+_PAX_SIZE = re.compile(r"[0-9]{1,20}")
+_PAX_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,3})?")
+_MTIME_RANGE = 1 << 34  # about year 2514 either side of 1970; anything further is damage
+
+
+@dataclass
+class _Header:
+    """One parsed 512-byte header block."""
+
+    name: str
+    mode: int
+    size: int
+    mtime: float
+    type: bytes
+    linkname: str
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _number(field: bytes, what: str, offset: int) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256, for values that octal cannot hold
+        value = int.from_bytes(field[1:], "big")
+        return value - 256 ** (len(field) - 1) if field[0] == 0xFF else value
+    digits = field.split(b"\x00", 1)[0].strip()
+    if not digits:
+        return 0
+    if digits.strip(b"01234567"):
+        raise CheckpointCorruptError(f"damaged tar header at byte {offset}: its {what} field is not a number")
+    return int(digits, 8)
+
+
+def _parse_header(block: bytes, offset: int) -> _Header:
+    """Decode a non-zero header block; a checksum mismatch or bad number is corruption."""
+    stored = _number(block[148:156], "checksum", offset)
+    unsigned = 256 + sum(block[:148]) + sum(block[156:])
+    signed = 256 + sum(struct.unpack_from("148b8x356b", block))
+    if stored not in (unsigned, signed):
+        raise CheckpointCorruptError(f"damaged tar header at byte {offset}: its checksum does not match")
+    name = _text(block[0:100])
+    kind = block[156:157]
+    if block[257:263] == _USTAR_MAGIC and kind not in _LONG_TYPES:
+        prefix = _text(block[345:500])
+        if prefix:
+            name = f"{prefix}/{name}"
+    if kind == tarfile.AREGTYPE and name.endswith("/"):  # old V7 style directory
+        kind = tarfile.DIRTYPE
+    return _Header(
+        name=name,
+        mode=_number(block[100:108], "mode", offset),
+        size=_number(block[124:136], "size", offset),
+        mtime=_number(block[136:148], "mtime", offset),
+        type=kind,
+        linkname=_text(block[157:257]),
+    )
+
+
+def _pax_records(data: bytes, header: str, offset: int) -> dict[str, str]:
+    """Parse ``"<length> <key>=<value>\\n"`` records in linear time; anything else is corruption."""
+    records: dict[str, str] = {}
+    position = 0
+    while position < len(data):
+        if not data[position:].strip(b"\x00"):
+            break  # zero padding after the last record
+        space = data.find(b" ", position, position + 21)
+        digits = data[position:space] if space > position else b""
+        end = position + int(digits) if digits.isdigit() else -1
+        if not space + 2 < end <= len(data) or data[end - 1] != 0x0A:
+            raise CheckpointCorruptError(
+                f"archive member {header!r} at byte {offset} is a malformed extended (PAX) header"
+            )
+        key, equals, value = data[space + 1 : end - 1].partition(b"=")
+        if not equals or not key:
+            raise CheckpointCorruptError(
+                f"archive member {header!r} at byte {offset} is a malformed extended (PAX) header"
+            )
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        position = end
+    return records
+
+
+@dataclass
+class _Entry:
+    """One archive member, with its extended headers applied."""
+
+    name: str
+    type: bytes
+    mode: int
+    size: int
+    mtime: float
+    linkname: str
+    offset: int
+    sparse: bool = False
+
+    def describe(self) -> str:
+        if self.type in (tarfile.CHRTYPE, tarfile.BLKTYPE):
+            return "device node"
+        if self.type == tarfile.FIFOTYPE:
+            return "FIFO (named pipe)"
+        if self.sparse or self.type == tarfile.GNUTYPE_SPARSE:
+            return "sparse file, which is not supported"
+        return f"member of tar type {self.type!r}"
+
+
+class _TarReader:
+    """Reads tar members from a stream, one at a time, with their data on demand."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self.position = 0
+        self._global: dict[str, str] = {}
+        self._global_bytes = 0
+        self._data_left = 0
+        self._padding = 0
+        self._current: _Entry | None = None
+
+    def _read(self, size: int) -> bytes:
+        data = self._stream.read(size)
+        if len(data) < size and data:
+            parts = [data]
+            got = len(data)
+            while got < size and (more := self._stream.read(size - got)):
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        self.position += len(data)
+        return data
+
+    def _truncated(self, what: str) -> CheckpointCorruptError:
+        return CheckpointCorruptError(f"archive is truncated at byte {self.position}: {what}")
+
+    def _skip(self, size: int) -> None:
+        while size:
+            chunk = self._read(min(size, _CHUNK))
+            if not chunk:
+                raise self._truncated("it ends inside a member's data")
+            size -= len(chunk)
+
+    def read_data(self, size: int) -> bytes:
+        """Up to ``size`` bytes of the current member's data; ``b""`` once it is all read."""
+        size = min(size, self._data_left)
+        if not size:
+            return b""
+        data = self._read(size)
+        if len(data) < size:
+            name = self._current.name if self._current else "?"
+            raise self._truncated(f"member {name!r} ends early")
+        self._data_left -= len(data)
+        return data
+
+    def _extended(self, header: _Header, offset: int, used: int) -> bytes:
+        if header.size < 0 or used + header.size > _MAX_EXTENDED_HEADER:
+            raise ArchiveLimitError(
+                f"archive member {header.name!r} at byte {offset} is an extended header of "
+                f"{header.size} bytes; more than {_MAX_EXTENDED_HEADER} bytes of them per member "
+                "is not a genuine archive"
+            )
+        data = self._read(header.size)
+        if len(data) < header.size:
+            raise self._truncated(f"extended header {header.name!r} ends early")
+        self._skip(-header.size % _TAR_BLOCK)
+        return data
+
+    def next(self) -> _Entry | None:
+        """The next member, or ``None`` at the end-of-archive block."""
+        self._skip(self._data_left + self._padding)
+        self._data_left = self._padding = 0
+        pax: dict[str, str] = {}
+        long_name: str | None = None
+        long_link: str | None = None
+        start = self.position
+        used = 0
+        while True:
+            offset = self.position
+            block = self._read(_TAR_BLOCK)
+            if len(block) < _TAR_BLOCK:
+                raise self._truncated("it ends before the end-of-archive marker")
+            if block == _ZERO_BLOCK:
+                if pax or long_name is not None or long_link is not None:
+                    raise CheckpointCorruptError(
+                        f"archive is damaged at byte {offset}: an extended header is followed by no member"
+                    )
+                return None
+            header = _parse_header(block, offset)
+            if header.type in _PAX_TYPES:
+                data = self._extended(header, offset, used)
+                used += len(data)
+                pax.update(_pax_records(data, header.name, offset))
+            elif header.type == tarfile.XGLTYPE:
+                data = self._extended(header, offset, self._global_bytes)
+                self._global_bytes += len(data)
+                self._global.update(_pax_records(data, header.name, offset))
+            elif header.type in _LONG_TYPES:
+                data = self._extended(header, offset, used)
+                used += len(data)
+                if header.type == tarfile.GNUTYPE_LONGNAME:
+                    long_name = _text(data)
+                else:
+                    long_link = _text(data)
+            else:
+                break
+        fields = {**self._global, **pax}
+        entry = _Entry(
+            name=fields.get("path", long_name if long_name is not None else header.name),
+            type=header.type,
+            mode=header.mode & 0o7777,
+            size=header.size,
+            mtime=header.mtime,
+            linkname=fields.get("linkpath", long_link if long_link is not None else header.linkname),
+            offset=start,
+            sparse=any(key.startswith("GNU.sparse.") for key in fields),
+        )
+        if "size" in fields:
+            if not _PAX_SIZE.fullmatch(fields["size"]):
+                raise CheckpointCorruptError(
+                    f"archive member {entry.name!r} declares an invalid size {fields['size']!r}"
+                )
+            entry.size = int(fields["size"])
+        if "mtime" in fields:
+            if not _PAX_NUMBER.fullmatch(fields["mtime"]):
+                raise CheckpointCorruptError(
+                    f"archive member {entry.name!r} has an invalid modification time {fields['mtime']!r}"
+                )
+            entry.mtime = float(fields["mtime"])
+        if entry.size < 0:
+            raise CheckpointCorruptError(f"archive member {entry.name!r} declares a negative size")
+        if not (math.isfinite(entry.mtime) and -_MTIME_RANGE < entry.mtime < _MTIME_RANGE):
+            raise CheckpointCorruptError(
+                f"archive member {entry.name!r} has a modification time out of range ({entry.mtime})"
+            )
+        # Only regular files (and types we refuse anyway) carry data; like tar, ignore the size
+        # declared by links and directories.
+        has_data = entry.type not in (
+            tarfile.DIRTYPE,
+            tarfile.SYMTYPE,
+            tarfile.LNKTYPE,
+            tarfile.CHRTYPE,
+            tarfile.BLKTYPE,
+            tarfile.FIFOTYPE,
+        )
+        self._data_left = entry.size if has_data else 0
+        self._padding = -self._data_left % _TAR_BLOCK
+        self._current = entry
+        return entry
+
+
+# ---------------------------------------------------------------------------------------------
 # Sniffing
 # ---------------------------------------------------------------------------------------------
 
@@ -189,14 +548,23 @@ def sniff_kind(head: bytes) -> tuple[ObjectKind, bool]:
     Used only for objects that carry no recorded format (written by other tools or by the
     reference SDK): a gzip stream whose first block is a tar header, or a plain tar, is an
     archive; anything else is a payload.
+
+    A gzip stream that cannot be inflated, or that stops before its first block, is reported as
+    a (gzipped) archive so that unpacking it raises :class:`CheckpointCorruptError`: a damaged
+    directory checkpoint must not be restored as if it were a raw payload. So is a first block
+    that keeps the ``ustar`` magic but fails its checksum.
     """
     if head.startswith(_GZIP_MAGIC):
         inflater = zlib.decompressobj(wbits=31)
         try:
             first = inflater.decompress(head, 2 * _TAR_BLOCK)
         except zlib.error:
-            return "payload", False
-        return ("archive", True) if _looks_like_tar(first) else ("payload", False)
+            return "archive", True
+        if _looks_like_tar(first) or first[257:262] == b"ustar":
+            return "archive", True
+        if len(first) < 2 * _TAR_BLOCK and not inflater.eof:
+            return "archive", True  # the stream stops early: truncated
+        return "payload", False
     return ("archive", False) if _looks_like_tar(head) else ("payload", False)
 
 
@@ -204,12 +572,12 @@ def _looks_like_tar(head: bytes) -> bool:
     if len(head) < _TAR_BLOCK:
         return False
     block = head[:_TAR_BLOCK]
-    if block == bytes(_TAR_BLOCK):
+    if block == _ZERO_BLOCK:
         # An empty archive is two zero blocks; a directory with no children saves as one.
         return head[: 2 * _TAR_BLOCK] == bytes(2 * _TAR_BLOCK)
     try:
-        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-    except tarfile.HeaderError:
+        _parse_header(block, 0)
+    except CheckpointCorruptError:
         return False
     return True
 
@@ -265,19 +633,21 @@ def unpack_archive(
     """Extract the tar stream ``source`` (gzipped when ``compressed``) into the directory ``dest``.
 
     Reads ``source`` to its very end, so the gzip CRC and length are checked after the last
-    member. Raises :class:`CheckpointCorruptError` for a damaged stream and
-    :class:`UnsafeArchiveError` for a member that would leave ``dest``; on error, what was
-    extracted so far stays in ``dest`` for the caller to remove.
+    member. Raises :class:`CheckpointCorruptError` for a damaged stream (including one that ends
+    before its end-of-archive block), :class:`UnsafeArchiveError` for a member that would leave
+    ``dest`` or may not be restored, and :class:`ArchiveLimitError` past ``limits``; on error,
+    what was extracted so far stays in ``dest`` for the caller to remove.
     """
     limits = limits or ExtractionLimits()
     dest.mkdir(parents=True, exist_ok=True)
+    root = Path(os.path.realpath(dest))
     try:
         if compressed:
             with gzip_reader(source) as plain:
-                _Extractor(Path(os.path.realpath(dest)), limits).run(plain)
+                _Extractor(root, limits).run(plain)
                 _drain(plain)
         else:
-            _Extractor(Path(os.path.realpath(dest)), limits).run(source)
+            _Extractor(root, limits).run(source)
             _drain(source)
     except CheckpointError:
         raise
@@ -290,6 +660,11 @@ def _drain(stream: IO[bytes]) -> None:
         pass
 
 
+# OS errors caused by what a member is called rather than by the disk: the archive cannot be
+# restored here, so they are reported as such, naming the member.
+_NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
+
+
 class _Extractor:
     """Writes the members of one tar stream below ``root``, refusing anything unsafe."""
 
@@ -300,60 +675,84 @@ class _Extractor:
         self.content_bytes = 0
         self.files: set[str] = set()
         self.directory_modes: list[tuple[Path, int]] = []
-        self.symlinks: list[tuple[str, str]] = []
+        self.symlinks: list[tuple[str, str, str]] = []
 
     def run(self, stream: IO[bytes]) -> None:
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
-            for member in tar:
-                self._count(member)
-                name = self._safe_name(member.name)
-                if member.isdir():
-                    self._make_directory(name, member.mode)
-                elif member.isreg():
-                    self._write_file(tar, member, name)
-                elif member.issym():
-                    self._defer_symlink(member, name)
-                elif member.islnk():
-                    self._make_hardlink(member, name)
-                else:
-                    raise UnsafeArchiveError(
-                        f"archive member {member.name!r} is a {_member_type(member)}; only files, "
-                        "directories and links are restored"
-                    )
-        for name, target in self.symlinks:
-            self._make_symlink(name, target)
+        reader = _TarReader(stream)
+        while (entry := reader.next()) is not None:
+            self._count(entry)
+            try:
+                self._extract(reader, entry)
+            except OSError as exc:
+                if exc.errno not in _NAME_ERRNOS:
+                    raise
+                raise CheckpointCorruptError(
+                    f"archive member {entry.name!r} cannot be restored here: {exc.strerror}"
+                ) from exc
+        for name, target, raw in self.symlinks:
+            self._make_symlink(name, target, raw)
+        # Checked only now that every link exists: one link's target may run through another
+        # that comes later in the archive.
+        for name, target, raw in self.symlinks:
+            problem = _link_resolution_problem(str(self.root), name, target, "the workspace")
+            if problem is not None:
+                raise UnsafeArchiveError(
+                    f"archive member {raw!r} is a symbolic link to {target!r}, {problem}"
+                )
         for directory, mode in reversed(self.directory_modes):
             os.chmod(directory, mode)
 
-    def _count(self, member: tarfile.TarInfo) -> None:
+    def _extract(self, reader: _TarReader, entry: _Entry) -> None:
+        name = self._safe_name(entry.name, entry)
+        if entry.sparse:
+            raise UnsafeArchiveError(f"archive member {entry.name!r} is a {entry.describe()}")
+        if entry.type == tarfile.DIRTYPE:
+            self._make_directory(name, entry)
+        elif entry.type in _FILE_TYPES:
+            self._write_file(reader, entry, name)
+        elif entry.type == tarfile.SYMTYPE:
+            self._defer_symlink(entry, name)
+        elif entry.type == tarfile.LNKTYPE:
+            self._make_hardlink(entry, name)
+        else:
+            raise UnsafeArchiveError(
+                f"archive member {entry.name!r} is a {entry.describe()}; only files, "
+                "directories and links are restored"
+            )
+
+    def _count(self, entry: _Entry) -> None:
         self.members += 1
         if self.members > self.limits.max_members:
             raise ArchiveLimitError(
-                f"archive holds more than {self.limits.max_members} members; raise "
-                "ExtractionLimits.max_members if this checkpoint is genuine"
+                f"archive holds more than {self.limits.max_members} members (member "
+                f"{entry.name!r} is one too many); raise ExtractionLimits.max_members if this "
+                "checkpoint is genuine"
             )
-        if member.isreg():
-            self.content_bytes += member.size
+        if entry.type in _FILE_TYPES:
+            self.content_bytes += entry.size
             if self.content_bytes > self.limits.max_total_bytes:
                 raise ArchiveLimitError(
                     f"archive unpacks to more than {self.limits.max_total_bytes} bytes (member "
-                    f"{member.name!r} declares {member.size}); raise "
+                    f"{entry.name!r} declares {entry.size}); raise "
                     "ExtractionLimits.max_total_bytes if this checkpoint is genuine"
                 )
 
-    def _safe_name(self, raw: str) -> str:
+    def _safe_name(self, raw: str, entry: _Entry, role: str = "") -> str:
+        """``raw`` normalised (no ``.`` or empty parts), or refused; ``role`` names a link target."""
+        subject = f"archive member {entry.name!r}" + (f" {role} {raw!r}, which" if role else "")
         if "\x00" in raw:
-            raise UnsafeArchiveError(f"archive member name {raw!r} contains a NUL byte")
-        if raw.startswith(("/", "\\")) or (len(raw) > 1 and raw[1] == ":"):
-            raise UnsafeArchiveError(f"archive member {raw!r} has an absolute path")
+            raise UnsafeArchiveError(f"{subject} contains a NUL byte")
+        if raw.startswith("/"):
+            raise UnsafeArchiveError(f"{subject} {'is' if role else 'has'} an absolute path")
+        # On POSIX a backslash or a drive letter is an ordinary character of a file name.
         parts = [p for p in raw.split("/") if p not in ("", ".")]
         if ".." in parts:
-            raise UnsafeArchiveError(f"archive member {raw!r} climbs out of the workspace with '..'")
+            raise UnsafeArchiveError(f"{subject} climbs out of the workspace with '..'")
         if not parts:
             return "."
         return "/".join(parts)
 
-    def _path(self, name: str) -> Path:
+    def _path(self, name: str, entry: _Entry) -> Path:
         """The destination of ``name``, after checking no existing parent is a link or a file."""
         current = self.root
         parents = name.split("/")[:-1] if name != "." else []
@@ -366,91 +765,73 @@ class _Extractor:
                 continue
             if not stat.S_ISDIR(mode):
                 raise UnsafeArchiveError(
-                    f"archive member {name!r} would be written through {current.relative_to(self.root)!s}, "
-                    "which is not a directory"
+                    f"archive member {entry.name!r} would be written through "
+                    f"{current.relative_to(self.root)!s}, which is not a directory"
                 )
         return self.root / name if name != "." else self.root
 
-    def _make_directory(self, name: str, mode: int) -> None:
-        path = self._path(name)
+    def _make_directory(self, name: str, entry: _Entry) -> None:
+        path = self._path(name, entry)
         try:
             existing = os.lstat(path).st_mode
         except FileNotFoundError:
             os.mkdir(path, 0o700)
         else:
             if not stat.S_ISDIR(existing):
-                raise UnsafeArchiveError(f"archive member {name!r} replaces a file by a directory")
+                raise UnsafeArchiveError(f"archive member {entry.name!r} replaces a file by a directory")
         # Applied last, so a read-only directory does not block writing its children.
-        self.directory_modes.append((path, (mode & 0o755) | 0o700))
+        self.directory_modes.append((path, (entry.mode & 0o755) | 0o700))
 
-    def _write_file(self, tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> None:
-        path = self._path(name)
-        self._replace_allowed(path, name)
-        content = tar.extractfile(member)
-        if content is None:  # pragma: no cover - tarfile returns a reader for every regular file
-            raise CheckpointCorruptError(f"archive member {name!r} has no readable content")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        written = 0
+    def _write_file(self, reader: _TarReader, entry: _Entry, name: str) -> None:
+        path = self._path(name, entry)
+        self._replace_allowed(path, entry)
+        self.files.discard(name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as out:
-            while chunk := content.read(_CHUNK):
+            while chunk := reader.read_data(_CHUNK):
                 out.write(chunk)
-                written += len(chunk)
-        if written != member.size:
-            raise CheckpointCorruptError(
-                f"archive member {name!r} is truncated: {written} of {member.size} bytes"
-            )
-        os.chmod(path, _file_mode(member.mode))
-        os.utime(path, (member.mtime, member.mtime))
+            out.flush()
+            os.fchmod(fd, _file_mode(entry.mode))
+            os.utime(fd, (entry.mtime, entry.mtime))
         self.files.add(name)
 
-    def _replace_allowed(self, path: Path, name: str) -> None:
+    def _replace_allowed(self, path: Path, entry: _Entry) -> None:
         """A later member may replace an earlier file of the same name, never a directory."""
         try:
             existing = os.lstat(path).st_mode
         except FileNotFoundError:
             return
         if stat.S_ISDIR(existing):
-            raise UnsafeArchiveError(f"archive member {name!r} replaces a directory")
+            raise UnsafeArchiveError(f"archive member {entry.name!r} replaces a directory")
         os.unlink(path)
-        self.files.discard(name)
 
-    def _defer_symlink(self, member: tarfile.TarInfo, name: str) -> None:
-        target = member.linkname
-        if not target or os.path.isabs(target) or "\x00" in target:
+    def _defer_symlink(self, entry: _Entry, name: str) -> None:
+        target = entry.linkname
+        problem = _link_target_problem(name, target, "the workspace")
+        if problem is not None:
             raise UnsafeArchiveError(
-                f"archive member {name!r} is a symbolic link to {target!r}, an absolute or empty target"
+                f"archive member {entry.name!r} is a symbolic link to {target!r}, {problem}"
             )
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-        if resolved == ".." or resolved.startswith("../"):
-            raise UnsafeArchiveError(
-                f"archive member {name!r} is a symbolic link to {target!r}, outside the workspace"
-            )
-        self._path(name)  # parents are created now, as real directories
-        self.symlinks.append((name, target))
+        self._path(name, entry)  # parents are created now, as real directories
+        self.symlinks.append((name, target, entry.name))
 
-    def _make_symlink(self, name: str, target: str) -> None:
-        path = self._path(name)
+    def _make_symlink(self, name: str, target: str, raw: str) -> None:
+        path = self.root / name
         if os.path.lexists(path):
             raise UnsafeArchiveError(
-                f"archive member {name!r} is a symbolic link that would replace an extracted entry"
+                f"archive member {raw!r} is a symbolic link that would replace an extracted entry"
             )
         os.symlink(target, path)
-        real = os.path.realpath(path)
-        if not _is_within(real, str(self.root)):
-            os.unlink(path)
-            raise UnsafeArchiveError(
-                f"archive member {name!r} is a symbolic link that resolves outside the workspace"
-            )
 
-    def _make_hardlink(self, member: tarfile.TarInfo, name: str) -> None:
-        target = self._safe_name(member.linkname)
-        if target not in self.files:
+    def _make_hardlink(self, entry: _Entry, name: str) -> None:
+        target = self._safe_name(entry.linkname, entry, "is a hard link to")
+        path = self._path(name, entry)
+        if target not in self.files or target == name:
             raise UnsafeArchiveError(
-                f"archive member {name!r} is a hard link to {member.linkname!r}, which is not a "
-                "file extracted earlier from the same archive"
+                f"archive member {entry.name!r} is a hard link to {entry.linkname!r}, which is not "
+                "a file extracted earlier from the same archive"
             )
-        path = self._path(name)
-        self._replace_allowed(path, name)
+        self._replace_allowed(path, entry)
         os.link(self.root / target, path, follow_symlinks=False)
         self.files.add(name)
 
@@ -461,15 +842,3 @@ def _file_mode(mode: int) -> int:
     if not mode & 0o100:
         mode &= ~0o011
     return mode
-
-
-def _member_type(member: tarfile.TarInfo) -> str:
-    if member.ischr() or member.isblk():
-        return "device node"
-    if member.isfifo():
-        return "FIFO (named pipe)"
-    return f"member of tar type {member.type!r}"
-
-
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)

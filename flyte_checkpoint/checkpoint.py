@@ -18,6 +18,7 @@ from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.background import BackgroundSaver
 from flyte_checkpoint.errors import (
+    CheckpointCorruptError,
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
     UnsupportedTypeError,
@@ -25,7 +26,7 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.restore import restore_object
 from flyte_checkpoint.snapshot import Snapshot, take_snapshot
-from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectWriter, StorageOptions, backend_for
+from flyte_checkpoint.storage import FORMAT_KEY, SIZE_KEY, Backend, ObjectWriter, StorageOptions, backend_for
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
@@ -202,6 +203,12 @@ class Checkpoint(BaseCheckpoint):
             return None
         with reader:
             if reader.info.size == 0:
+                recorded = reader.info.metadata.get(SIZE_KEY, "0")
+                if recorded != "0":
+                    raise CheckpointCorruptError(
+                        f"checkpoint {src} is damaged: it is empty, but {recorded} bytes were written; "
+                        "delete it to start fresh or point the source at a sound copy"
+                    )
                 logger.info("previous checkpoint %s is empty; starting fresh", src)
                 return None
             if progress is not None:

@@ -46,7 +46,8 @@ def restore_object(reader: VerifyingReader, dest: Path, *, limits: ExtractionLim
     kind, compressed, stream = classify(reader)
     try:
         if kind == "archive":
-            archive.unpack_archive(stream, dest, compressed=compressed, limits=limits)
+            with translated_os_errors(str(dest), "restoring"):
+                archive.unpack_archive(stream, dest, compressed=compressed, limits=limits)
             return dest
         return write_payload(stream, dest / PAYLOAD_BASENAME)
     except CheckpointCorruptError as exc:
