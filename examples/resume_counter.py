@@ -23,8 +23,9 @@ class PlannedFailure(RuntimeError):
 def count_to(n: int, fail_every: int, step_seconds: float = 0.0) -> int:
     """Count from the last checkpoint to ``n``, saving after each step and failing every ``fail_every``."""
     context = ctx()
-    assert context is not None and context.checkpoint is not None, "run me through run_with_retries"
-    checkpoint = context.checkpoint
+    checkpoint = context.checkpoint if context is not None else None
+    if context is None or checkpoint is None:
+        raise RuntimeError("count_to runs inside a task: call it through run_with_retries")
 
     restored = checkpoint.load_sync()
     start = int(restored.read_bytes().decode()) if restored is not None else 0
@@ -44,7 +45,9 @@ def count_to(n: int, fail_every: int, step_seconds: float = 0.0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("-n", type=int, default=20, help="count to this number (default 20)")
     parser.add_argument("--fail-every", type=int, default=6, help="fail at every multiple of this")
     parser.add_argument("--retries", type=int, default=None, help="retries (default: just enough)")

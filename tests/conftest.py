@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,9 @@ from flyte_checkpoint.uris import ATTEMPT_NUMBER_ENV
 
 
 @pytest.fixture(autouse=True)
-def no_inherited_attempt_number(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def no_inherited_attempt_number(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests start outside any task attempt, whatever the shell running them has set."""
     monkeypatch.delenv(ATTEMPT_NUMBER_ENV, raising=False)
-    yield
 
 
 @pytest.fixture

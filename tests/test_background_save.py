@@ -84,7 +84,7 @@ def test_a_file_overwritten_in_place_during_upload_fails_that_save_and_keeps_the
 
     monkeypatch.setattr(archive_module, "pack_directory", pack_while_training_writes)
     cp.save_sync(model_dir, background=True)
-    with pytest.raises(InputChangedError, match="weights.bin was modified in place"):
+    with pytest.raises(InputChangedError, match=r"weights\.bin was modified in place"):
         cp.wait_sync()
     assert target.read_bytes() == b"old checkpoint"
 
@@ -152,7 +152,8 @@ def test_a_background_save_of_a_missing_path_fails_at_once(tmp_path: Path) -> No
 def test_the_retry_runner_flushes_background_saves_before_an_attempt_ends(tmp_path: Path) -> None:
     def task() -> None:
         context = ctx()
-        assert context is not None and context.checkpoint is not None
+        assert context is not None
+        assert context.checkpoint is not None
         context.checkpoint.save_sync(os.urandom(4 << 20), background=True)
 
     run_with_retries(task, retries=0, checkpoint_dir=tmp_path)

@@ -28,7 +28,7 @@ def paths(tmp_path: Path) -> CheckpointPaths:
 def test_checkpoint_paths_is_frozen(tmp_path: Path) -> None:
     value = paths(tmp_path)
     with pytest.raises(pydantic.ValidationError):
-        value.checkpoint_path = "elsewhere"  # type: ignore[misc]
+        value.checkpoint_path = "elsewhere"
 
 
 def test_checkpoint_paths_rejects_non_string_locations() -> None:
@@ -41,7 +41,7 @@ def test_task_context_is_a_frozen_keyword_only_dataclass(tmp_path: Path) -> None
     with pytest.raises(dataclasses.FrozenInstanceError):
         context.checkpoint_paths = None  # type: ignore[misc]
     with pytest.raises(TypeError):
-        TaskContext(paths(tmp_path))  # type: ignore[misc]
+        TaskContext(paths(tmp_path))  # type: ignore[call-arg]
 
 
 def test_a_context_without_paths_has_no_checkpoint() -> None:
@@ -122,7 +122,7 @@ async def test_ctx_is_separate_per_asyncio_task() -> None:
             current = ctx()
             return current.run_name if current else None
 
-    assert await asyncio.gather(run_as("a"), run_as("b")) == ["a", "b"]
+    assert list(await asyncio.gather(run_as("a"), run_as("b"))) == ["a", "b"]
 
 
 def test_ctx_does_not_leak_into_other_threads() -> None:

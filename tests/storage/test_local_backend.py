@@ -12,14 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from flyte_checkpoint import CheckpointCorruptError, CheckpointPermissionError
+from flyte_checkpoint import CheckpointCorruptError
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object
+from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.local import remove_stale_temp_files, temp_files_for
 
 
 def write(uri: str, data: bytes, fmt: str = "payload") -> None:
     with backend_for(uri).open_write(uri, {FORMAT_KEY: fmt}) as writer:
         writer.write(data)
+
+
+def read_to_end(reader: VerifyingReader) -> None:
+    while reader.read(2):
+        pass
 
 
 def test_nothing_is_visible_before_commit(tmp_path: Path) -> None:
@@ -34,9 +40,14 @@ def test_nothing_is_visible_before_commit(tmp_path: Path) -> None:
 def test_an_exception_inside_the_write_keeps_the_old_object(tmp_path: Path) -> None:
     target = tmp_path / "obj"
     write(str(target), b"old")
-    with pytest.raises(RuntimeError), backend_for(str(target)).open_write(str(target), {}) as writer:
-        writer.write(b"new but unfinished")
-        raise RuntimeError("crash in the middle")
+
+    def crash_mid_write() -> None:
+        with backend_for(str(target)).open_write(str(target), {}) as writer:
+            writer.write(b"new but unfinished")
+            raise RuntimeError("crash in the middle")
+
+    with pytest.raises(RuntimeError):
+        crash_mid_write()
     assert target.read_bytes() == b"old"
     assert temp_files_for(target) == []
 
@@ -44,9 +55,14 @@ def test_an_exception_inside_the_write_keeps_the_old_object(tmp_path: Path) -> N
 def test_a_keyboard_interrupt_inside_the_write_keeps_the_old_object(tmp_path: Path) -> None:
     target = tmp_path / "obj"
     write(str(target), b"old")
-    with pytest.raises(KeyboardInterrupt), backend_for(str(target)).open_write(str(target), {}) as writer:
-        writer.write(b"new")
-        raise KeyboardInterrupt
+
+    def interrupt_mid_write() -> None:
+        with backend_for(str(target)).open_write(str(target), {}) as writer:
+            writer.write(b"new")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupt_mid_write()
     assert target.read_bytes() == b"old"
 
 
@@ -67,8 +83,7 @@ def test_a_read_of_altered_bytes_fails_the_digest_check(tmp_path: Path) -> None:
     reader = backend_for(str(target)).open_read(str(target))
     assert reader is not None
     with reader, pytest.raises(CheckpointCorruptError, match="sha256"):
-        reader.read()
-        reader.read()
+        read_to_end(reader)
 
 
 def test_a_read_of_a_truncated_object_fails_the_size_check(tmp_path: Path) -> None:
@@ -78,8 +93,7 @@ def test_a_read_of_a_truncated_object_fails_the_size_check(tmp_path: Path) -> No
     reader = backend_for(str(target)).open_read(str(target))
     assert reader is not None
     with reader, pytest.raises(CheckpointCorruptError, match="read 3 bytes"):
-        while reader.read(2):
-            pass
+        read_to_end(reader)
 
 
 def test_temp_files_left_by_a_dead_writer_are_removed_by_the_next_save(tmp_path: Path) -> None:

@@ -1,0 +1,122 @@
+"""Moving one part, one record, to and from storage, with digests checked by this layer.
+
+The digests checked on load are the ones in the manifest, not whatever the backend recorded,
+so a part is verified on every backend, including object stores that keep no metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.state.components import Payload
+from flyte_checkpoint.state.manifest import PartRecord
+from flyte_checkpoint.storage import DIGEST_KEY, Backend
+from flyte_checkpoint.storage.retry import RetryPolicy
+
+_CHUNK = 1 << 20
+RETRY = RetryPolicy()
+"""Transient storage failures (timeouts, resets, throttling) are retried a bounded number of
+times; everything this layer writes is restartable, because payloads are bytes or private files."""
+
+
+@dataclass(frozen=True)
+class Written:
+    size: int
+    sha256: str
+
+
+def write_object(backend: Backend, uri: str, payload: Payload) -> Written:
+    """Store ``payload`` at ``uri`` atomically (nothing visible before commit), with retries."""
+    return RETRY.call(lambda: _write_once(backend, uri, payload), describe=f"saving {uri}")
+
+
+def _write_once(backend: Backend, uri: str, payload: Payload) -> Written:
+    writer = backend.open_write(uri, {})
+    try:
+        if isinstance(payload.data, Path):
+            with payload.data.open("rb") as source:
+                while chunk := source.read(_CHUNK):
+                    writer.write(chunk)
+        else:
+            writer.write(payload.data)
+    except BaseException:
+        writer.abort()
+        raise
+    info = writer.commit()
+    return Written(size=info.size, sha256=info.metadata[DIGEST_KEY])
+
+
+def write_record(backend: Backend, uri: str, data: bytes) -> Written:
+    """Store a small JSON record atomically."""
+    return write_object(backend, uri, Payload(data, "json"))
+
+
+def read_record(backend: Backend, uri: str) -> bytes | None:
+    """The bytes of a small record, or ``None`` when it does not exist."""
+    return RETRY.call(lambda: _read_all(backend, uri), describe=f"loading {uri}")
+
+
+def _read_all(backend: Backend, uri: str) -> bytes | None:
+    reader = backend.open_read(uri)
+    if reader is None:
+        return None
+    with reader:
+        return reader.readall()
+
+
+def fetch_bytes(backend: Backend, uri: str, record: PartRecord, label: str) -> bytes:
+    """The object ``record`` describes, checked against the manifest's size and sha256."""
+
+    def once() -> bytes:
+        chunks: list[bytes] = []
+        _stream(backend, uri, record, label, chunks.append)
+        return b"".join(chunks)
+
+    return RETRY.call(once, describe=f"loading {uri}")
+
+
+def fetch_to_file(backend: Backend, uri: str, record: PartRecord, label: str, dest: Path) -> Path:
+    """Stream the object ``record`` describes into ``dest``, checked like :func:`fetch_bytes`."""
+
+    def once() -> Path:
+        with dest.open("wb") as sink:
+            _stream(backend, uri, record, label, sink.write)
+        return dest
+
+    return RETRY.call(once, describe=f"loading {uri}")
+
+
+def verify_object(backend: Backend, uri: str, record: PartRecord, label: str) -> None:
+    """Read the object ``record`` describes to its end, checking it, and keep nothing."""
+    RETRY.call(lambda: _stream(backend, uri, record, label, lambda _: None), describe=f"loading {uri}")
+
+
+def _stream(
+    backend: Backend, uri: str, record: PartRecord, label: str, consume: Callable[[bytes], object]
+) -> None:
+    reader = backend.open_read(uri)
+    if reader is None:
+        raise CheckpointCorruptError(f"{label} is missing: the manifest names {uri}, which does not exist")
+    digest = hashlib.sha256()
+    size = 0
+    with reader:
+        while chunk := reader.read(_CHUNK):
+            size += len(chunk)
+            if size > record.size:
+                raise CheckpointCorruptError(
+                    f"{label} is damaged: {uri} holds more than the {record.size} bytes recorded"
+                )
+            digest.update(chunk)
+            consume(chunk)
+    if size != record.size:
+        raise CheckpointCorruptError(
+            f"{label} is damaged: {uri} holds {size} bytes, but {record.size} were recorded"
+        )
+    if digest.hexdigest() != record.sha256:
+        raise CheckpointCorruptError(
+            f"{label} is damaged: the sha256 of {uri} does not match the one in the manifest"
+        )

@@ -1,0 +1,112 @@
+"""Fixtures for the multi-part checkpoint tests: a place to store (local disk or a real S3 server),
+and a guard that no process or thread outlives a test."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.storage_servers import ServerUnavailableError, StorageServer, create_bucket, start_moto
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where a test keeps its checkpoints: a base URI and the options to reach it."""
+
+    kind: str
+    base: str
+    storage_options: dict[str, Any] | None = field(default=None)
+
+    def uri(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+
+@pytest.fixture(autouse=True)
+def outside_any_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests start as rank 0 of 1, whatever launcher variables the shell running them has set."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[StorageServer]:
+    """A real S3 server (moto) on 127.0.0.1 for the whole session."""
+    try:
+        server = start_moto()
+    except ServerUnavailableError as exc:
+        pytest.skip(f"S3 server unavailable: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _local(tmp_path: Path) -> Store:
+    return Store("local", str(tmp_path / "checkpoints"))
+
+
+def _s3(server: StorageServer) -> Store:
+    bucket = create_bucket(server, "state")
+    return Store("s3", f"s3://{bucket}/checkpoints", server.storage_options)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """Each test using it runs once on local disk and once on S3."""
+    if request.param == "local":
+        return _local(tmp_path)
+    return _s3(request.getfixturevalue("s3_server"))
+
+
+@pytest.fixture
+def local_store(tmp_path: Path) -> Store:
+    return _local(tmp_path)
+
+
+@pytest.fixture
+def s3_store(s3_server: StorageServer) -> Store:
+    return _s3(s3_server)
+
+
+# Threads that legitimately live for the whole process: fsspec's event-loop thread (s3fs), the
+# executor threads of that loop (daemon, named asyncio_N), and the helper threads of
+# multiprocessing queues, which exit once their queue is collected.
+_PROCESS_WIDE_THREADS = ("fsspecIO", "QueueFeederThread")
+
+
+def _process_wide(thread: threading.Thread) -> bool:
+    return thread.name.startswith(_PROCESS_WIDE_THREADS) or (
+        thread.daemon and thread.name.startswith("asyncio_")
+    )
+
+
+@pytest.fixture(autouse=True)
+def nothing_outlives_the_test() -> Iterator[None]:
+    """Fail a test that leaves a child process or a thread of ours running."""
+    threads_before = set(threading.enumerate())
+    yield
+    leftover_processes = multiprocessing.active_children()
+    for process in leftover_processes:
+        process.kill()
+        process.join(5)
+    deadline = time.monotonic() + 5
+    while True:
+        leftover_threads = [
+            thread
+            for thread in set(threading.enumerate()) - threads_before
+            if thread.is_alive() and not _process_wide(thread)
+        ]
+        if not leftover_threads or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert not leftover_processes, f"processes outlived the test: {leftover_processes}"
+    assert not leftover_threads, f"threads outlived the test: {leftover_threads}"
