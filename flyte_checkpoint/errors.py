@@ -40,6 +40,25 @@ class ArchiveLimitError(UnsafeArchiveError):
     """An archive exceeds the configured extraction limits (total bytes or member count)."""
 
 
+class CheckpointPartError(CheckpointError, RuntimeError):
+    """One part of a multi-part checkpoint (or its controller) failed to be written, read or applied.
+
+    ``position`` is the part's position (``None`` for the controller); the message names the cause.
+    """
+
+    def __init__(self, message: str, *, position: int | None = None) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+class CheckpointTimeoutError(CheckpointError, TimeoutError):
+    """A bounded wait ran out: for parts to be acknowledged, for a lock, or for storage."""
+
+
+class InputChangedError(CheckpointError, RuntimeError):
+    """A file was overwritten in place while a background save was reading it."""
+
+
 class CheckpointClosedError(CheckpointError, RuntimeError):
     """The checkpoint helper was closed; its workspace is gone."""
 

@@ -21,14 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flyte_checkpoint.archive import describe_mode
-from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError
+from flyte_checkpoint.errors import InputChangedError, InvalidCheckpointInputError
 from flyte_checkpoint.progress import ProgressCallback
 
 _Stamp = tuple[int, int]
-
-
-class InputChangedError(CheckpointError, RuntimeError):
-    """A file was overwritten in place while a background save was reading it."""
 
 
 @dataclass

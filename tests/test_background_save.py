@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from flyte_checkpoint import Checkpoint, CheckpointStorageError, ctx, run_with_retries
+from flyte_checkpoint import Checkpoint, CheckpointStorageError, InputChangedError, ctx, run_with_retries
 from flyte_checkpoint import archive as archive_module
-from flyte_checkpoint.snapshot import InputChangedError
 from flyte_checkpoint.storage.base import Backend
 from tests.conftest import tree_of
 

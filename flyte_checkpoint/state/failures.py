@@ -1,13 +1,13 @@
 """How the state package reports failures, built in one place.
 
-errors.py has no class yet for "a part failed" or "a bounded wait ran out", so both are plain
-:class:`CheckpointError` with the part and the cause in the message; should dedicated classes be
-added, only these functions change.
+A failing part is a :class:`CheckpointPartError` (with its ``position``), a bounded wait that ran
+out a :class:`CheckpointTimeoutError`; errors of this package that already have a precise class
+keep it, with the part named.
 """
 
 from __future__ import annotations
 
-from flyte_checkpoint.errors import CheckpointError
+from flyte_checkpoint.errors import CheckpointError, CheckpointPartError, CheckpointTimeoutError
 from flyte_checkpoint.state.components import describe_exception
 
 
@@ -18,12 +18,12 @@ def label_of(position: int | None) -> str:
 
 def part_failed(position: int | None, cause: str, consequence: str) -> CheckpointError:
     """A part (or the controller) could not be written, read or applied."""
-    return CheckpointError(f"{label_of(position)} failed: {cause}; {consequence}")
+    return CheckpointPartError(f"{label_of(position)} failed: {cause}; {consequence}", position=position)
 
 
 def timed_out(message: str) -> CheckpointError:
     """A bounded wait (for parts, a lock, storage) ran out."""
-    return CheckpointError(message)
+    return CheckpointTimeoutError(message)
 
 
 def in_context(exc: BaseException, position: int | None, consequence: str) -> CheckpointError:
@@ -38,9 +38,9 @@ def in_context(exc: BaseException, position: int | None, consequence: str) -> Ch
     # Errors raised by this package usually name the part already ("part 3 is damaged: ...").
     body = text if text.startswith(label) else f"{label} failed: {describe_exception(exc)}"
     message = f"{body}; {consequence}"
-    if isinstance(exc, CheckpointError):
+    if isinstance(exc, CheckpointError) and not isinstance(exc, CheckpointPartError):
         try:
             return type(exc)(message)
         except TypeError:
             pass
-    return CheckpointError(message)
+    return CheckpointPartError(message, position=position)
