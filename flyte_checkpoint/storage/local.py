@@ -81,7 +81,7 @@ class LocalWriter(ObjectWriter):
             if dest.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "is a directory", str(dest))
             try:
-                dest.parent.mkdir(parents=True, exist_ok=True)
+                self._created_directories = _make_directories(dest.parent)
             except FileExistsError:
                 raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
             remove_stale_temp_files(dest)
@@ -114,6 +114,9 @@ class LocalWriter(ObjectWriter):
             # Still holding the lock, so no sweep can remove the temp file before the rename.
             os.replace(self._temp, self._dest)
             _fsync_directory(self._dest.parent)
+            # A directory made for this object is durable only once its own parent is synced.
+            for directory in self._created_directories:
+                _fsync_directory(directory.parent)
             os.close(self._fd)
 
     def _abort(self) -> None:
@@ -123,6 +126,17 @@ class LocalWriter(ObjectWriter):
             os.unlink(self._temp)
         with contextlib.suppress(OSError):
             os.close(self._fd)
+
+
+def _make_directories(directory: Path) -> list[Path]:
+    """``mkdir -p directory``; return the directories that were created, outermost first."""
+    missing: list[Path] = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    return list(reversed(missing))
 
 
 def _fsync_directory(directory: Path) -> None:
