@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hashlib
 import logging
 import os
 import stat
@@ -286,8 +287,15 @@ class Checkpoint(BaseCheckpoint):
         kind, size = self._retry.call(lambda: self._upload_once(snapshot), describe=f"saving {self._dest}")
         _log_transfer("saved", self._dest, kind, size, started)
 
-    def _open_writer(self, kind: ObjectKind, snapshot: Snapshot, total: int | None) -> ObjectWriter:
-        writer = self._dest_backend.open_write(self._dest, {FORMAT_KEY: kind})
+    def _open_writer(
+        self, kind: ObjectKind, snapshot: Snapshot, total: int | None, digest: str | None = None
+    ) -> ObjectWriter:
+        writer = self._dest_backend.open_write(
+            self._dest,
+            {FORMAT_KEY: kind},
+            declared_digest=digest,
+            declared_size=total if digest is not None else None,
+        )
         if snapshot.progress is not None:
             writer.progress = ProgressReporter(snapshot.progress, total)
         return writer
@@ -295,7 +303,9 @@ class Checkpoint(BaseCheckpoint):
     def _upload_once(self, snapshot: Snapshot) -> tuple[str, int]:
         content = snapshot.data
         if isinstance(content, bytes):
-            with self._open_writer("payload", snapshot, len(content)) as writer:
+            with self._open_writer(
+                "payload", snapshot, len(content), hashlib.sha256(content).hexdigest()
+            ) as writer:
                 writer.write(content)
             return "bytes", writer.tell()
         if content.is_dir():
@@ -303,14 +313,18 @@ class Checkpoint(BaseCheckpoint):
                 archive.pack_directory(content, cast(IO[bytes], writer), level=self._level)
                 snapshot.verify_unchanged()  # before commit: a changed input aborts the upload
             return f"directory {content}", writer.tell()
-        with (
-            translated_os_errors(str(content), "reading"),
-            open(content, "rb") as source,
-            self._open_writer("payload", snapshot, os.fstat(source.fileno()).st_size) as writer,
-        ):
-            while chunk := source.read(_COPY_CHUNK):
-                writer.write(chunk)
-            snapshot.verify_unchanged()
+        with translated_os_errors(str(content), "reading"), open(content, "rb") as source:
+            size = os.fstat(source.fileno()).st_size
+            digest: str | None = None
+            if self._dest_backend.records_digest_only_when_declared:
+                # S3 and GCS store metadata when the upload starts: hash first, so the digest
+                # can travel with the object (and a file rewritten meanwhile aborts the upload).
+                digest = _sha256_of(source)
+                source.seek(0)
+            with self._open_writer("payload", snapshot, size, digest) as writer:
+                while chunk := source.read(_COPY_CHUNK):
+                    writer.write(chunk)
+                snapshot.verify_unchanged()
         return f"file {content}", writer.tell()
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -374,6 +388,13 @@ def _validated(data: SaveData) -> bytes | Path:
             "or directory"
         )
     return path
+
+
+def _sha256_of(source: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    while chunk := source.read(_COPY_CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:

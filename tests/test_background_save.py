@@ -27,10 +27,10 @@ def stall_uploads(monkeypatch: pytest.MonkeyPatch, backend: Backend, gate: threa
     original = backend.open_write
     started: list[str] = []
 
-    def gated_open_write(uri: str, metadata: Any) -> Any:
+    def gated_open_write(uri: str, metadata: Any, **declared: Any) -> Any:
         started.append(uri)
         assert gate.wait(30), "test gate never opened"
-        return original(uri, metadata)
+        return original(uri, metadata, **declared)
 
     monkeypatch.setattr(backend, "open_write", gated_open_write)
     return started

@@ -5,21 +5,21 @@ from __future__ import annotations
 import abc
 import hashlib
 import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointUnavailableError, InputChangedError
 from flyte_checkpoint.progress import ProgressReporter
 
 # Metadata keys stored with every object this package writes. They let a reader verify the
 # bytes (digest, size) and know the format without guessing from the content.
-FORMAT_KEY = "flyte-checkpoint-format"
-DIGEST_KEY = "flyte-checkpoint-sha256"
-SIZE_KEY = "flyte-checkpoint-size"
+FORMAT_KEY = "flyte_checkpoint_format"
+DIGEST_KEY = "flyte_checkpoint_sha256"
+SIZE_KEY = "flyte_checkpoint_size"
 
 
 class ObjectInfo(BaseModel):
@@ -31,6 +31,8 @@ class ObjectInfo(BaseModel):
     size: int
     metadata: Mapping[str, str] = {}
     modified: datetime | None = None
+    version: str | None = None
+    """The store's version tag (ETag, generation), to notice a replace while reading."""
 
     @property
     def recorded_digest(self) -> str | None:
@@ -57,6 +59,12 @@ class ObjectWriter(abc.ABC):
         self._finished = False
         self.metadata: dict[str, str] = {}
         self.progress: ProgressReporter | None = None
+        self._declared: tuple[str, int] | None = None
+
+    def declare(self, digest: str | None, size: int | None) -> None:
+        """Promise the content's sha256 and size; :meth:`commit` refuses anything else."""
+        if digest is not None and size is not None:
+            self._declared = (digest, size)
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data`` to the pending object."""
@@ -83,6 +91,13 @@ class ObjectWriter(abc.ABC):
         self._finished = True
         self.metadata[DIGEST_KEY] = self._digest.hexdigest()
         self.metadata[SIZE_KEY] = str(self._size)
+        if self._declared is not None and self._declared != (self.metadata[DIGEST_KEY], self._size):
+            self._abort()
+            raise InputChangedError(
+                f"the data saved to {self.uri} changed while it was being uploaded (its sha256 or "
+                "size differs from the one measured before), so the upload was discarded and the "
+                "previous checkpoint kept; do not rewrite a file while it is being saved"
+            )
         try:
             self._commit()
         except BaseException:
@@ -129,8 +144,11 @@ class VerifyingReader(io.RawIOBase):
     every load does) cannot take a damaged object for a sound one.
     """
 
-    def __init__(self, stream: IO[bytes], info: ObjectInfo) -> None:
+    def __init__(
+        self, stream: IO[bytes], info: ObjectInfo, *, changed_since: Callable[[], bool] | None = None
+    ) -> None:
         super().__init__()
+        self._changed_since = changed_since
         self._stream = stream
         self.info = info
         self._digest = hashlib.sha256() if info.recorded_digest else None
@@ -175,6 +193,17 @@ class VerifyingReader(io.RawIOBase):
     def _verify(self) -> None:
         if self._verified:
             return
+        try:
+            self._check_recorded()
+        except CheckpointCorruptError:
+            if self._changed_since is not None and self._changed_since():
+                raise CheckpointUnavailableError(
+                    f"checkpoint {self.info.uri} was replaced while it was being read"
+                ) from None
+            raise
+        self._verified = True
+
+    def _check_recorded(self) -> None:
         expected_size = self.info.metadata.get(SIZE_KEY)
         if expected_size is not None and int(expected_size) != self._size:
             raise CheckpointCorruptError(
@@ -186,7 +215,6 @@ class VerifyingReader(io.RawIOBase):
                 f"checkpoint {self.info.uri} is damaged: its sha256 does not match the digest "
                 "recorded when it was saved"
             )
-        self._verified = True
 
     def close(self) -> None:
         if not self.closed:
@@ -197,9 +225,24 @@ class VerifyingReader(io.RawIOBase):
 class Backend(abc.ABC):
     """One storage system, reached by URI."""
 
+    records_digest_only_when_declared = False
+    """True where the digest must be known before the upload starts to be stored with the object
+    (S3 and GCS take metadata when the upload begins); callers then declare it up front."""
+
     @abc.abstractmethod
-    def open_write(self, uri: str, metadata: Mapping[str, str]) -> ObjectWriter:
-        """Start an atomic write of one object at ``uri``."""
+    def open_write(
+        self,
+        uri: str,
+        metadata: Mapping[str, str],
+        *,
+        declared_digest: str | None = None,
+        declared_size: int | None = None,
+    ) -> ObjectWriter:
+        """Start an atomic write of one object at ``uri``.
+
+        ``declared_digest``/``declared_size``, when given, are the sha256 and size the content
+        will have; the commit is refused if what was written differs.
+        """
 
     @abc.abstractmethod
     def open_read(self, uri: str) -> VerifyingReader | None:
@@ -234,7 +277,9 @@ def copy_stream(reader: VerifyingReader, backend: Backend, dst: str) -> ObjectIn
     metadata = {}
     if reader.info.recorded_format:
         metadata[FORMAT_KEY] = reader.info.recorded_format
-    with reader, backend.open_write(dst, metadata) as writer:
+    digest = reader.info.recorded_digest
+    size = reader.info.size if digest else None
+    with reader, backend.open_write(dst, metadata, declared_digest=digest, declared_size=size) as writer:
         while chunk := reader.read(1 << 20):
             writer.write(chunk)
     return ObjectInfo(uri=dst, size=writer.tell(), metadata=writer.metadata)

@@ -174,8 +174,17 @@ def _get_metadata(fd: int) -> dict[str, str]:
 class LocalBackend(Backend):
     """Plain paths and ``file://`` URIs, without fsspec (whose local writes are not atomic)."""
 
-    def open_write(self, uri: str, metadata: Mapping[str, str]) -> ObjectWriter:
-        return LocalWriter(uri, local_path(uri), metadata)
+    def open_write(
+        self,
+        uri: str,
+        metadata: Mapping[str, str],
+        *,
+        declared_digest: str | None = None,
+        declared_size: int | None = None,
+    ) -> ObjectWriter:
+        writer = LocalWriter(uri, local_path(uri), metadata)
+        writer.declare(declared_digest, declared_size)
+        return writer
 
     def open_read(self, uri: str) -> VerifyingReader | None:
         path = local_path(uri)

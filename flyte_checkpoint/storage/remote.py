@@ -1,103 +1,239 @@
-"""Object stores through fsspec: one streamed upload per object, discarded on any failure."""
+"""Object stores through fsspec (s3fs, gcsfs, adlfs): one streamed upload per object.
+
+Atomicity: an object store publishes an object only when its single PUT, its multipart upload
+(S3), its resumable upload (GCS) or its block list (Azure) completes, which happens in
+``close()``. fsspec's ``__exit__`` and even garbage collection call ``close()``, completing the
+upload with whatever was written so far when a save fails half-way — so this module never uses
+``with`` for writes: a failure calls ``discard()`` (which aborts the multipart / resumable upload)
+and marks the file closed so nothing later can complete it. The previous object stays intact.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 
 import fsspec
 
 from flyte_checkpoint.errors import BackendNotInstalledError
-from flyte_checkpoint.storage.base import Backend, ObjectInfo, ObjectWriter, VerifyingReader
-from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.storage.base import (
+    DIGEST_KEY,
+    FORMAT_KEY,
+    SIZE_KEY,
+    Backend,
+    ObjectInfo,
+    ObjectWriter,
+    VerifyingReader,
+)
+from flyte_checkpoint.storage.remote_errors import translated_backend_errors
 from flyte_checkpoint.uris import scheme_of
 
-# The extra that installs each scheme's fsspec implementation.
-EXTRAS = {
-    "s3": "s3",
-    "s3a": "s3",
-    "gs": "gcs",
-    "gcs": "gcs",
-    "abfs": "azure",
-    "abfss": "azure",
-    "az": "azure",
+EXTRAS = {"s3": "s3", "gs": "gcs", "abfs": "azure"}
+_CANONICAL = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "abfs": "abfs", "abfss": "abfs", "az": "abfs"}
+_OUR_KEYS = (FORMAT_KEY, DIGEST_KEY, SIZE_KEY)
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """What differs between the three object stores, learnt against their real servers."""
+
+    block_size: int
+    """Upload part size: S3 needs >= 5 MiB parts, GCS multiples of 256 KiB."""
+    metadata_argument: str
+    """The ``open(..., "wb")`` keyword that attaches user metadata to the new object."""
+    metadata_at_commit: bool
+    """Whether metadata can still be set when the upload completes (Azure's block list can)."""
+    server_side_copy: bool
+    """Whether ``fs.copy`` finishes the copy before returning (Azure's may still be pending)."""
+    defaults: Mapping[str, Any]
+    """Storage options applied unless the caller gives their own: time bounds on every call."""
+
+
+_PROFILES = {
+    "s3": _Profile(
+        block_size=16 << 20,
+        metadata_argument="Metadata",
+        metadata_at_commit=False,
+        server_side_copy=True,
+        defaults={
+            "config_kwargs": {
+                "connect_timeout": 10,
+                "read_timeout": 120,
+                "retries": {"max_attempts": 3, "mode": "standard"},
+            }
+        },
+    ),
+    "gs": _Profile(
+        block_size=16 << 20,
+        metadata_argument="metadata",
+        metadata_at_commit=False,
+        server_side_copy=True,
+        defaults={"requests_timeout": 300},
+    ),
+    "abfs": _Profile(
+        block_size=16 << 20,
+        metadata_argument="metadata",
+        metadata_at_commit=True,
+        server_side_copy=False,
+        defaults={},
+    ),
 }
-_BLOCK_SIZE = 16 << 20
+
+
+def canonical_protocol(uri: str) -> str:
+    """``s3``, ``gs`` or ``abfs`` for any of the URI schemes they serve."""
+    return _CANONICAL[scheme_of(uri)]
+
+
+def _merged_options(defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        key: (dict(value) if isinstance(value, dict) else value) for key, value in defaults.items()
+    }
+    for key, value in (given or {}).items():
+        if isinstance(value, Mapping) and isinstance(options.get(key), dict):
+            options[key] = {**options[key], **value}
+        else:
+            options[key] = value
+    # Listings cached by fsspec never see objects other processes write: always ask the store.
+    options.setdefault("use_listings_cache", False)
+    return options
 
 
 class FsspecWriter(ObjectWriter):
-    """A streamed upload that only becomes an object when :meth:`commit` completes it.
+    """A streamed upload that becomes an object only when :meth:`commit` completes it."""
 
-    Atomicity: object stores publish an object only when its single PUT or its multipart upload
-    completes. fsspec's ``__exit__`` calls ``close()``, which *completes* the upload even when the
-    block raised, so this writer never uses ``with``: a failure calls ``discard()``, which aborts
-    the multipart upload and leaves the previous object in place.
-    """
-
-    def __init__(self, uri: str, handle: Any, metadata: Mapping[str, str]) -> None:
+    def __init__(
+        self, uri: str, scheme: str, handle: Any, profile: _Profile, metadata: Mapping[str, str]
+    ) -> None:
         super().__init__(uri)
         self.metadata.update(metadata)
+        self._scheme = scheme
         self._handle = handle
+        self._profile = profile
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
-        with translated_os_errors(self.uri, "saving"):
+        with translated_backend_errors(self.uri, "saving", self._scheme):
             self._handle.write(data)
 
     def _commit(self) -> None:
-        with translated_os_errors(self.uri, "saving"):
+        if self._profile.metadata_at_commit:
+            # Azure sends these with the block list, in the same request that publishes the blob.
+            self._handle.metadata.update(self.metadata)
+        with translated_backend_errors(self.uri, "saving", self._scheme):
             self._handle.close()
 
     def _abort(self) -> None:
-        with contextlib.suppress(Exception):
-            self._handle.discard()
+        try:
+            with contextlib.suppress(Exception):
+                self._handle.discard()
+        finally:
+            # discard() leaves some backends' files open, and close() -- or garbage collection --
+            # of an open file would complete the upload: mark it closed so nothing can.
+            self._handle.closed = True
 
 
 class FsspecBackend(Backend):
-    """Any fsspec filesystem reached by a URI scheme, with explicit ``storage_options``."""
+    """An object store reached through its fsspec implementation, with explicit options."""
 
     def __init__(self, protocol: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        self.protocol = protocol
+        self.protocol = _CANONICAL.get(protocol, protocol)
+        self.profile = _PROFILES[self.protocol]
+        self.records_digest_only_when_declared = not self.profile.metadata_at_commit
         try:
-            self.fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
+            self.fs = fsspec.filesystem(
+                self.protocol, **_merged_options(self.profile.defaults, storage_options)
+            )
         except ImportError as exc:
-            extra = EXTRAS.get(protocol, "all")
+            extra = EXTRAS.get(self.protocol, "all")
             raise BackendNotInstalledError(
                 f"{protocol}:// storage needs an fsspec backend that is not installed ({exc}); "
                 f"install it with: pip install 'flyte-checkpoint[{extra}]'"
             ) from exc
 
-    def open_write(self, uri: str, metadata: Mapping[str, str]) -> ObjectWriter:
-        with translated_os_errors(uri, "saving"):
-            handle = self.fs.open(uri, "wb", block_size=_BLOCK_SIZE)
-        return FsspecWriter(uri, handle, metadata)
+    def _errors(self, uri: str, action: str) -> contextlib.AbstractContextManager[None]:
+        return translated_backend_errors(uri, action, scheme_of(uri))
+
+    def open_write(
+        self,
+        uri: str,
+        metadata: Mapping[str, str],
+        *,
+        declared_digest: str | None = None,
+        declared_size: int | None = None,
+    ) -> ObjectWriter:
+        at_open = dict(metadata)
+        if declared_digest is not None and declared_size is not None:
+            at_open.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
+        with self._errors(uri, "saving"):
+            handle = self.fs.open(
+                uri, "wb", block_size=self.profile.block_size, **{self.profile.metadata_argument: at_open}
+            )
+        writer = FsspecWriter(uri, scheme_of(uri), handle, self.profile, metadata)
+        writer.declare(declared_digest, declared_size)
+        return writer
 
     def open_read(self, uri: str) -> VerifyingReader | None:
         info = self.info(uri)
         if info is None:
             return None
-        with translated_os_errors(uri, "loading"):
-            stream: IO[bytes] = self.fs.open(uri, "rb", block_size=_BLOCK_SIZE, cache_type="none")
-        return VerifyingReader(stream, info)
-
-    def info(self, uri: str) -> ObjectInfo | None:
-        with translated_os_errors(uri, "inspecting"):
+        with self._errors(uri, "loading"):
             try:
-                details = self.fs.info(uri)
+                stream: IO[bytes] = self.fs.open(
+                    uri, "rb", block_size=self.profile.block_size, cache_type="readahead"
+                )
             except FileNotFoundError:
                 return None
-        return ObjectInfo(uri=uri, size=int(details.get("size") or 0))
+        return VerifyingReader(stream, info, changed_since=self._change_detector(uri, info))
+
+    def _change_detector(self, uri: str, opened: ObjectInfo) -> Callable[[], bool]:
+        def changed() -> bool:
+            try:
+                now = self.info(uri)
+            except Exception:
+                return False
+            return now is None or now.version != opened.version
+
+        return changed
+
+    def info(self, uri: str) -> ObjectInfo | None:
+        with self._errors(uri, "inspecting"):
+            try:
+                details = self.fs.info(uri)
+                metadata = self._metadata(uri, details)
+            except FileNotFoundError:
+                return None
+        if details.get("type") == "directory":
+            return None
+        version = details.get("ETag") or details.get("generation") or details.get("etag")
+        modified = details.get("LastModified") or details.get("updated") or details.get("last_modified")
+        return ObjectInfo(
+            uri=uri,
+            size=int(details.get("size") or 0),
+            metadata=metadata,
+            version=str(version) if version is not None else None,
+            modified=modified if not isinstance(modified, str) else None,
+        )
+
+    def _metadata(self, uri: str, details: Mapping[str, Any]) -> dict[str, str]:
+        # s3fs keeps user metadata out of info(): one HEAD more there.
+        raw = self.fs.metadata(uri) if self.protocol == "s3" else details.get("metadata") or {}
+        return {key.lower(): str(value) for key, value in raw.items() if key.lower() in _OUR_KEYS}
 
     def copy(self, src: str, dst: str) -> None:
-        with translated_os_errors(dst, "copying"):
-            self.fs.copy(src, dst)
+        if not self.profile.server_side_copy:
+            super().copy(src, dst)
+            return
+        with self._errors(dst, "copying"):
+            self.fs.copy(src, dst)  # CopyObject / rewrite: atomic at dst, keeps the metadata
 
     def delete(self, uri: str) -> None:
-        with translated_os_errors(uri, "deleting"), contextlib.suppress(FileNotFoundError):
+        with self._errors(uri, "deleting"), contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(uri)
 
     def list_prefix(self, uri: str) -> list[str]:
-        with translated_os_errors(uri, "listing"):
+        with self._errors(uri, "listing"):
             try:
                 found = self.fs.find(uri.rstrip("/") + "/")
             except FileNotFoundError:
@@ -105,13 +241,13 @@ class FsspecBackend(Backend):
         return sorted(self.fs.unstrip_protocol(path) for path in found)
 
     def delete_prefix(self, uri: str) -> None:
-        with translated_os_errors(uri, "deleting"):
-            for path in self.fs.find(uri.rstrip("/") + "/"):
+        with self._errors(uri, "deleting"):
+            found = self.fs.find(uri.rstrip("/") + "/")
+            if found:
                 with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(path)
+                    self.fs.rm(found)  # batched: one request per 1000 objects on S3
 
 
 def backend_protocol(uri: str) -> str:
-    """The fsspec protocol for ``uri`` (``s3a`` is served by ``s3``)."""
-    scheme = scheme_of(uri)
-    return "s3" if scheme == "s3a" else scheme
+    """The fsspec protocol for ``uri``."""
+    return canonical_protocol(uri)

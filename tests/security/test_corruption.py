@@ -300,7 +300,7 @@ def test_a_damaged_raw_payload_without_its_digest_cannot_be_detected(
 def test_an_object_emptied_after_saving_is_corrupt_not_absent_when_its_size_is_recorded(
     saved: Saved, load: Loader
 ) -> None:
-    assert int(saved.xattrs["user.flyte-checkpoint-size"]) > 0
+    assert int(saved.xattrs["user.flyte_checkpoint_size"]) > 0
     outcome = load(b"", saved.xattrs)
     assert outcome.error is not None
 

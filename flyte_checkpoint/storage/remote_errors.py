@@ -1,0 +1,180 @@
+"""Translation of s3fs / gcsfs / adlfs errors into this package's typed errors.
+
+The backends raise a zoo of types (botocore, aiohttp, azure-core, fsspec, plain ``OSError`` and
+even ``RuntimeError`` wrapping the real cause), and importing them would make the optional
+extras mandatory. So errors are recognised by the *names* of their classes along the exception
+chain, at this one boundary, the way httpx's ``map_exceptions`` does it for its transports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Literal
+
+from flyte_checkpoint.errors import (
+    CheckpointError,
+    CheckpointPermissionError,
+    CheckpointStorageError,
+    CheckpointUnavailableError,
+)
+from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
+
+Kind = Literal["absent", "transient", "permission"]
+
+_TRANSIENT_TYPES = frozenset(
+    {
+        # botocore
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        # aiohttp / asyncio / fsspec
+        "ClientConnectorError",
+        "ClientConnectionError",
+        "ClientOSError",
+        "ServerDisconnectedError",
+        "ClientPayloadError",
+        "ServerTimeoutError",
+        "FSTimeoutError",
+        "TimeoutError",
+        "ConnectionResetError",
+        "ConnectionRefusedError",
+        "ConnectionAbortedError",
+        "BrokenPipeError",
+        "IncompleteRead",
+        # azure-core
+        "ServiceRequestError",
+        "ServiceResponseError",
+        "ServiceRequestTimeoutError",
+        "ServiceResponseTimeoutError",
+    }
+)
+_PERMISSION_TYPES = frozenset(
+    {"NoCredentialsError", "PartialCredentialsError", "ClientAuthenticationError", "RefreshError"}
+)
+_ABSENT_TYPES = frozenset({"NoSuchKey", "NoSuchBucket", "ResourceNotFoundError"})
+_ABSENT_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "ContainerNotFound", "BlobNotFound"})
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        "ServerBusy",
+        "OperationTimedOut",
+    }
+)
+_PERMISSION_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "AuthorizationFailure",
+        "AuthenticationFailed",
+        "AuthorizationPermissionMismatch",
+    }
+)
+
+# What to set, per scheme, when credentials are missing or refused.
+CREDENTIAL_HINTS = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), and AWS_ENDPOINT_URL for "
+    "an S3-compatible server, or pass storage_options={'key': ..., 'secret': ..., 'endpoint_url': ...}",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account file (or STORAGE_EMULATOR_HOST for an "
+    "emulator), or pass storage_options={'token': ...}",
+    "abfs": "set AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_NAME and "
+    "AZURE_STORAGE_ACCOUNT_KEY), or pass storage_options={'connection_string': ...}",
+}
+CREDENTIAL_HINTS["s3a"] = CREDENTIAL_HINTS["s3"]
+CREDENTIAL_HINTS["gcs"] = CREDENTIAL_HINTS["gs"]
+CREDENTIAL_HINTS["abfss"] = CREDENTIAL_HINTS["az"] = CREDENTIAL_HINTS["abfs"]
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        error = response.get("Error", {})
+        metadata = response.get("ResponseMetadata", {})
+        status = metadata.get("HTTPStatusCode")
+        return (int(status) if status else None), error.get("Code")
+    status = getattr(exc, "status_code", None) or getattr(exc, "status", None) or getattr(exc, "code", None)
+    code = getattr(exc, "error_code", None)
+    return (status if isinstance(status, int) else None), (str(code) if code else None)
+
+
+def classify(exc: BaseException) -> Kind | None:
+    """Whether ``exc`` means the object is absent, a transient failure, or refused access."""
+    for link in _chain(exc):
+        name = type(link).__name__
+        status, code = _status_and_code(link)
+        if name in _PERMISSION_TYPES or code in _PERMISSION_CODES or status in (401, 403):
+            return "permission"
+        if name in _ABSENT_TYPES or code in (
+            "NoSuchKey",
+            "NoSuchBucket",
+            "ContainerNotFound",
+            "BlobNotFound",
+        ):
+            return "absent"
+        if name in _TRANSIENT_TYPES or code in _TRANSIENT_CODES:
+            return "transient"
+        if status is not None and (status >= 500 or status in (408, 429)):
+            return "transient"
+        if isinstance(link, PermissionError):
+            return "permission"
+        if isinstance(link, FileNotFoundError):
+            return "absent"
+        if isinstance(link, ConnectionError | TimeoutError):
+            return "transient"
+    return None
+
+
+def to_checkpoint_error(exc: BaseException, uri: str, action: str, scheme: str) -> BaseException:
+    """The typed error for a backend failure while ``action`` ``uri``; unknown errors pass through."""
+    if isinstance(exc, CheckpointError):
+        return exc
+    kind = classify(exc)
+    if kind == "permission":
+        hint = CREDENTIAL_HINTS.get(scheme, "check the credentials in storage_options")
+        return CheckpointPermissionError(
+            f"access refused {action} {uri}: {type(exc).__name__}: {exc}; {hint}"
+        )
+    if kind == "transient":
+        return CheckpointUnavailableError(f"storage unavailable {action} {uri}: {type(exc).__name__}: {exc}")
+    if kind == "absent":
+        return FileNotFoundError(f"{uri} not found ({type(exc).__name__}: {exc})")
+    if isinstance(exc, OSError):
+        return os_error_to_checkpoint_error(exc, uri, action)
+    if isinstance(exc, ValueError | TypeError | KeyError):
+        return exc  # misuse (e.g. a bad storage option) keeps its own type and text
+    return CheckpointStorageError(f"storage error {action} {uri}: {type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def translated_backend_errors(uri: str, action: str, scheme: str) -> Iterator[None]:
+    """Re-raise backend errors inside the block as typed errors naming ``uri``."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        translated = to_checkpoint_error(exc, uri, action, scheme)
+        if translated is exc:
+            raise
+        raise translated from exc
