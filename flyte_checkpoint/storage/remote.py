@@ -11,6 +11,7 @@ and marks the file closed so nothing later can complete it. The previous object 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
@@ -49,6 +50,8 @@ class _Profile:
     """Whether ``fs.copy`` finishes the copy before returning (Azure's may still be pending)."""
     defaults: Mapping[str, Any]
     """Storage options applied unless the caller gives their own: time bounds on every call."""
+    own_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Options this module consumes itself (not passed to fsspec), with their defaults."""
 
 
 _PROFILES = {
@@ -77,7 +80,10 @@ _PROFILES = {
         metadata_argument="metadata",
         metadata_at_commit=True,
         server_side_copy=False,
-        defaults={},
+        defaults={"connection_timeout": 10, "read_timeout": 120},
+        # adlfs applies its timeouts to a few calls only and keeps the SDK's retry policy (15 s
+        # first back-off), so the client is rebuilt with these bounds: see _bound_azure_client.
+        own_options={"retry_total": 3, "retry_backoff": 1.0},
     ),
 }
 
@@ -141,16 +147,18 @@ class FsspecBackend(Backend):
         self.protocol = _CANONICAL.get(protocol, protocol)
         self.profile = _PROFILES[self.protocol]
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
+        options = _merged_options(self.profile.defaults, storage_options)
+        own = {key: options.pop(key, default) for key, default in self.profile.own_options.items()}
         try:
-            self.fs = fsspec.filesystem(
-                self.protocol, **_merged_options(self.profile.defaults, storage_options)
-            )
+            self.fs = fsspec.filesystem(self.protocol, **options)
         except ImportError as exc:
             extra = EXTRAS.get(self.protocol, "all")
             raise BackendNotInstalledError(
                 f"{protocol}:// storage needs an fsspec backend that is not installed ({exc}); "
                 f"install it with: pip install 'flyte-checkpoint[{extra}]'"
             ) from exc
+        if self.protocol == "abfs":
+            _bound_azure_client(self.fs, options, own)
 
     def _errors(self, uri: str, action: str) -> contextlib.AbstractContextManager[None]:
         return translated_backend_errors(uri, action, scheme_of(uri))
@@ -219,7 +227,9 @@ class FsspecBackend(Backend):
     def _metadata(self, uri: str, details: Mapping[str, Any]) -> dict[str, str]:
         # s3fs keeps user metadata out of info(): one HEAD more there.
         raw = self.fs.metadata(uri) if self.protocol == "s3" else details.get("metadata") or {}
-        return {key.lower(): str(value) for key, value in raw.items() if key.lower() in _OUR_KEYS}
+        # s3fs reports metadata keys with hyphens where they were written with underscores.
+        normalised = {key.lower().replace("-", "_"): str(value) for key, value in raw.items()}
+        return {key: value for key, value in normalised.items() if key in _OUR_KEYS}
 
     def copy(self, src: str, dst: str) -> None:
         if not self.profile.server_side_copy:
@@ -246,6 +256,32 @@ class FsspecBackend(Backend):
             if found:
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm(found)  # batched: one request per 1000 objects on S3
+
+
+def _bound_azure_client(fs: Any, options: Mapping[str, Any], own: Mapping[str, Any]) -> None:
+    """Give adlfs a blob client whose every call has a time bound and a short retry budget."""
+    from azure.storage.blob.aio import BlobServiceClient
+
+    bounds = {
+        "retry_total": int(own["retry_total"]),
+        "retry_connect": int(own["retry_total"]),
+        "retry_read": int(own["retry_total"]),
+        "retry_status": int(own["retry_total"]),
+        "initial_backoff": float(own["retry_backoff"]),
+        "increment_base": 2,
+        "connection_timeout": options["connection_timeout"],
+        "read_timeout": options["read_timeout"],
+    }
+    connection_string = getattr(fs, "connection_string", None)
+    if connection_string:
+        fs.service_client = BlobServiceClient.from_connection_string(connection_string, **bounds)
+    elif getattr(fs, "account_url", None) and (
+        getattr(fs, "credential", None) or getattr(fs, "account_key", None)
+    ):
+        fs.service_client = BlobServiceClient(
+            fs.account_url, credential=fs.credential or fs.account_key, **bounds
+        )
+    # Anonymous or SAS-in-URL access keeps adlfs's own client (and the SDK's retry policy).
 
 
 def backend_protocol(uri: str) -> str:

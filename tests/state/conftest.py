@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.storage_servers import ServerUnavailableError, StorageServer, create_bucket, start_moto
+from tests.storage_servers import StorageServer, create_bucket
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -35,19 +35,6 @@ def outside_any_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests start as rank 0 of 1, whatever launcher variables the shell running them has set."""
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[StorageServer]:
-    """A real S3 server (moto) on 127.0.0.1 for the whole session."""
-    try:
-        server = start_moto()
-    except ServerUnavailableError as exc:
-        pytest.skip(f"S3 server unavailable: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _local(tmp_path: Path) -> Store:

@@ -1,0 +1,89 @@
+"""Hugging Face ``Trainer``: save the output directory after each checkpoint, and resume from it.
+
+Install with ``pip install torch==2.13.0`` (or any build you prefer) then
+``pip install 'flyte-checkpoint[transformers]'``::
+
+    from flyte_checkpoint import ctx
+    from flyte_checkpoint.integrations.transformers import MirrorOutputDirCallback, restore_last_checkpoint
+
+    checkpoint = ctx().checkpoint
+    last = restore_last_checkpoint(checkpoint, output_dir=args.output_dir)   # None on a first attempt
+    trainer = Trainer(model, args, train_dataset=data, callbacks=[MirrorOutputDirCallback(checkpoint)])
+    trainer.train(resume_from_checkpoint=last)
+
+The callback saves with :meth:`~flyte_checkpoint.Checkpoint.save_sync` on purpose: ``Trainer``
+calls its callbacks synchronously from the training loop, even when the task around it is
+``async def``, so there is no event loop to await on; and the upload has to be complete before
+training moves on, or a crash right after "checkpoint saved" could leave the previous object.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+from flyte_checkpoint.checkpoint import BaseCheckpoint
+from flyte_checkpoint.errors import InvalidCheckpointInputError
+
+__all__ = ["MirrorOutputDirCallback", "restore_last_checkpoint"]
+
+
+class MirrorOutputDirCallback(TrainerCallback):
+    """Save ``Trainer``'s output directory to ``checkpoint`` after every checkpoint it writes.
+
+    ``on_save`` runs once the ``checkpoint-<step>`` folder is complete and old ones are rotated
+    out, so the saved object (one ``.tar.gz`` of the directory) always holds whole checkpoints.
+    Only the main process (``state.is_world_process_zero``) uploads. ``output_dir`` defaults to
+    ``TrainingArguments.output_dir``.
+    """
+
+    def __init__(self, checkpoint: BaseCheckpoint, *, output_dir: str | os.PathLike[str] | None = None) -> None:
+        self.checkpoint = checkpoint
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if not state.is_world_process_zero:
+            return
+        directory = self.output_dir if self.output_dir is not None else Path(args.output_dir)
+        self.checkpoint.save_sync(directory)
+
+
+def restore_last_checkpoint(
+    checkpoint: BaseCheckpoint, *, output_dir: str | os.PathLike[str] | None = None
+) -> str | None:
+    """Restore the previous attempt's output directory; return its newest ``checkpoint-<step>``.
+
+    Pass the result to ``trainer.train(resume_from_checkpoint=...)``; ``None`` means there is
+    nothing to resume, and ``Trainer`` then starts from scratch. With ``output_dir`` (the
+    ``TrainingArguments``'), the restored files replace that directory's contents first, so
+    checkpoint rotation (``save_total_limit``) carries on over the earlier checkpoints; without
+    it, the path points into the checkpoint's workspace. The newest checkpoint is found with
+    ``transformers.trainer_utils.get_last_checkpoint``.
+
+    Raises:
+        InvalidCheckpointInputError: the previous checkpoint is a single object (``payload``),
+            not a directory, so it was not written by :class:`MirrorOutputDirCallback`.
+    """
+    restored = checkpoint.load_sync()
+    if restored is None:
+        return None
+    if not restored.is_dir():
+        raise InvalidCheckpointInputError(
+            f"the previous checkpoint restored as a single object ({restored}), not a Trainer output "
+            "directory; save the output directory (MirrorOutputDirCallback does)"
+        )
+    root = restored
+    if output_dir is not None:
+        root = Path(output_dir).expanduser().absolute()
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.copytree(restored, root, symlinks=True)
+    last: str | None = get_last_checkpoint(str(root))
+    return last

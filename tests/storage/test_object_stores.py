@@ -1,0 +1,239 @@
+"""The same behaviours on every object store, against real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from flyte_checkpoint import (
+    BackendNotInstalledError,
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointPermissionError,
+    ctx,
+    run_with_retries,
+)
+from flyte_checkpoint import archive as archive_module
+from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object
+from tests.conftest import tree_of
+from tests.storage.conftest import Remote
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def checkpoint(remote: Remote, dest: str, src: str | None = None) -> Checkpoint:
+    return Checkpoint(
+        remote.uri(dest), remote.uri(src) if src else None, storage_options=remote.storage_options
+    )
+
+
+def test_bytes_round_trip_into_the_payload_file(remote: Remote) -> None:
+    checkpoint(remote, "a/obj").save_sync(b"hello-checkpoint")
+    cp = checkpoint(remote, "unused", "a/obj")
+    restored = cp.load_sync()
+    assert restored == cp.path / "payload"
+    assert restored.read_bytes() == b"hello-checkpoint"
+
+
+async def test_a_file_round_trips_with_the_async_api(remote: Remote, tmp_path: Path) -> None:
+    weights = tmp_path / "training.pt"
+    weights.write_bytes(os.urandom(3 << 20))
+    await checkpoint(remote, "file-obj").save(weights)
+    cp = checkpoint(remote, "unused", "file-obj")
+    restored = await cp.load()
+    assert restored is not None
+    assert restored.read_bytes() == weights.read_bytes()
+
+
+def test_a_directory_round_trips_into_the_workspace(remote: Remote, model_dir: Path) -> None:
+    checkpoint(remote, "dir-obj").save_sync(model_dir)
+    cp = checkpoint(remote, "unused", "dir-obj")
+    assert cp.load_sync() == cp.path
+    assert tree_of(cp.path) == tree_of(model_dir)
+
+
+async def test_a_directory_round_trips_with_the_async_api(remote: Remote, model_dir: Path) -> None:
+    await checkpoint(remote, "dir-async").save(model_dir)
+    cp = checkpoint(remote, "unused", "dir-async")
+    assert await cp.load() == cp.path
+    assert tree_of(cp.path) == tree_of(model_dir)
+
+
+def test_a_missing_object_loads_as_none(remote: Remote) -> None:
+    assert checkpoint(remote, "unused", "never-written").load_sync() is None
+
+
+def test_a_missing_bucket_loads_as_none(remote: Remote) -> None:
+    cp = Checkpoint(
+        "unused",
+        f"{remote.scheme}://no-such-bucket-{remote.bucket}/cp",
+        storage_options=remote.storage_options,
+    )
+    assert cp.load_sync() is None
+
+
+def test_an_empty_object_loads_as_none(remote: Remote) -> None:
+    fs = remote.server.filesystem()
+    with fs.open(remote.uri("empty"), "wb"):
+        pass
+    assert checkpoint(remote, "unused", "empty").load_sync() is None
+
+
+def test_an_object_past_the_multipart_threshold_round_trips(remote: Remote, tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom((100 << 20) + 12345))
+    checkpoint(remote, "big").save_sync(big)
+    restored = checkpoint(remote, "unused", "big").load_sync()
+    assert restored is not None
+    assert restored.stat().st_size == big.stat().st_size
+    with open(restored, "rb") as a, open(big, "rb") as b:
+        while chunk := a.read(1 << 24):
+            assert chunk == b.read(1 << 24)
+
+
+def test_the_format_and_digest_travel_with_a_payload(remote: Remote) -> None:
+    checkpoint(remote, "meta").save_sync(b"abc")
+    info = backend_for(remote.uri("meta"), remote.storage_options).info(remote.uri("meta"))
+    assert info is not None
+    assert info.recorded_format == "payload"
+    assert info.metadata[DIGEST_KEY] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_a_directory_archive_records_its_format(remote: Remote, model_dir: Path) -> None:
+    checkpoint(remote, "dir-meta").save_sync(model_dir)
+    info = backend_for(remote.uri("dir-meta"), remote.storage_options).info(remote.uri("dir-meta"))
+    assert info is not None
+    assert info.metadata[FORMAT_KEY] == "archive"
+
+
+def test_a_payload_altered_in_the_store_is_reported_corrupt(remote: Remote) -> None:
+    checkpoint(remote, "tampered").save_sync(b"original bytes")
+    info = backend_for(remote.uri("tampered"), remote.storage_options).info(remote.uri("tampered"))
+    assert info is not None
+    # Same recorded digest, other content: what bit rot or a stray overwrite would leave behind.
+    metadata_argument = "Metadata" if remote.backend == "s3" else "metadata"
+    with remote.server.filesystem().open(
+        remote.uri("tampered"), "wb", **{metadata_argument: dict(info.metadata)}
+    ) as handle:
+        handle.write(b"altered bytes!")
+    with pytest.raises(CheckpointCorruptError, match="tampered"):
+        checkpoint(remote, "unused", "tampered").load_sync()
+
+
+def test_an_error_during_a_save_leaves_the_previous_object_intact(
+    remote: Remote, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint(remote, "intact").save_sync(b"good checkpoint")
+    original = archive_module.pack_directory
+
+    def pack_then_crash(source: Path, sink: Any, *, level: int) -> None:
+        sink.write(os.urandom(20 << 20))  # past one upload part, so a multipart upload is under way
+        raise RuntimeError("trainer crashed mid-save")
+
+    monkeypatch.setattr(archive_module, "pack_directory", pack_then_crash)
+    with pytest.raises(RuntimeError, match="mid-save"):
+        checkpoint(remote, "intact").save_sync(model_dir)
+    monkeypatch.setattr(archive_module, "pack_directory", original)
+    restored = checkpoint(remote, "unused", "intact").load_sync()
+    assert restored is not None
+    assert restored.read_bytes() == b"good checkpoint"
+
+
+def test_an_error_during_a_first_save_leaves_no_object(
+    remote: Remote, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def pack_then_crash(source: Path, sink: Any, *, level: int) -> None:
+        sink.write(b"partial")
+        raise RuntimeError("crash")
+
+    monkeypatch.setattr(archive_module, "pack_directory", pack_then_crash)
+    with pytest.raises(RuntimeError):
+        checkpoint(remote, "never").save_sync(REPO / "examples")
+    assert not remote.server.filesystem().exists(remote.uri("never"))
+
+
+def test_staging_copies_the_object_and_its_record(remote: Remote) -> None:
+    checkpoint(remote, "run/checkpoint").save_sync(b"staged")
+    options = remote.storage_options
+    assert copy_object(
+        remote.uri("run/checkpoint"), remote.uri("run/prev"), src_options=options, dst_options=options
+    )
+    backend = backend_for(remote.uri("run/prev"), options)
+    copied, original = backend.info(remote.uri("run/prev")), backend.info(remote.uri("run/checkpoint"))
+    assert copied is not None
+    assert original is not None
+    assert copied.metadata[DIGEST_KEY] == original.metadata[DIGEST_KEY]
+
+
+def test_staging_between_local_disk_and_the_store_keeps_the_digest(remote: Remote, tmp_path: Path) -> None:
+    Checkpoint(str(tmp_path / "local")).save_sync(b"from disk")
+    assert copy_object(str(tmp_path / "local"), remote.uri("copied"), dst_options=remote.storage_options)
+    restored = checkpoint(remote, "unused", "copied").load_sync()
+    assert restored is not None
+    assert restored.read_bytes() == b"from disk"
+
+
+def test_the_retry_runner_resumes_a_failing_task_from_the_store(remote: Remote) -> None:
+    starts: list[int] = []
+
+    def count(n: int) -> int:
+        context = ctx()
+        assert context is not None
+        cp = context.checkpoint
+        assert cp is not None
+        restored = cp.load_sync()
+        start = int(restored.read_bytes()) if restored else 0
+        starts.append(start)
+        for value in range(start, n):
+            if value > start and value % 3 == 0:
+                raise RuntimeError(f"planned failure at {value}")
+            cp.save_sync(str(value + 1).encode())
+        return n
+
+    result = run_with_retries(
+        count, 8, retries=3, checkpoint_dir=remote.uri("runs/r1"), storage_options=remote.storage_options
+    )
+    assert result == 8
+    assert starts == [0, 3, 6]
+
+
+def test_a_missing_backend_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, remote: Remote) -> None:
+    def not_installed(protocol: str, **options: Any) -> Any:
+        raise ImportError(f"Install {protocol}fs to access {protocol}")  # what fsspec says
+
+    monkeypatch.setattr(fsspec, "filesystem", not_installed)
+    extra = {"s3": "s3", "gcs": "gcs", "azure": "azure"}[remote.backend]
+    with pytest.raises(BackendNotInstalledError, match=rf"pip install 'flyte-checkpoint\[{extra}\]'"):
+        checkpoint(remote, "x")
+
+
+def test_wrong_azure_credentials_name_the_uri_and_what_to_set(azure_server: Any) -> None:
+    from tests.storage.conftest import remote_for
+
+    remote = remote_for("azure", azure_server)
+    options = remote.storage_options
+    options["connection_string"] = options["connection_string"].replace("AccountKey=", "AccountKey=AAAA")
+    options["retry_total"] = 0
+    with pytest.raises(CheckpointPermissionError, match=r"AZURE_STORAGE_CONNECTION_STRING") as caught:
+        Checkpoint(remote.uri("secret"), storage_options=options).save_sync(b"x")
+    assert remote.uri("secret") in str(caught.value)
+
+
+def test_the_backends_own_environment_variables_configure_it(remote: Remote) -> None:
+    checkpoint(remote, "env-obj").save_sync(b"configured by environment")
+    script = (
+        "from flyte_checkpoint import Checkpoint\n"
+        f"print(Checkpoint('unused', {remote.uri('env-obj')!r}).load_sync().read_bytes().decode())\n"
+    )
+    env = {**os.environ, **remote.server.env, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "configured by environment"
