@@ -1,4 +1,4 @@
-"""Flyte SDK plugin: inside a Flyte task, ``flyte.ctx().checkpoint`` is a :class:`~flyte_checkpoint.Checkpoint`.
+"""Flyte SDK plugin: inside a Flyte task, ``flyte.ctx().checkpoint`` is a ``flyte_checkpoint.Checkpoint``.
 
 Install the extra (``pip install 'flyte-checkpoint[flyte]'``) and add one line to the module that
 defines your tasks, so it runs wherever that module is imported (your machine and the task's

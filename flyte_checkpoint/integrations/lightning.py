@@ -8,7 +8,8 @@ Install with ``pip install torch==2.13.0`` (or any build you prefer) then
 
     checkpoint = ctx().checkpoint
     last = restore_last_checkpoint(checkpoint, dirpath="checkpoints")    # None on the first attempt
-    trainer = L.Trainer(callbacks=[MirroredModelCheckpoint(checkpoint, dirpath="checkpoints", save_last=True)])
+    mirror = MirroredModelCheckpoint(checkpoint, dirpath="checkpoints", save_last=True)
+    trainer = L.Trainer(callbacks=[mirror])
     trainer.fit(model, data, ckpt_path=last)
 
 The callback saves with :meth:`~flyte_checkpoint.Checkpoint.save_sync` on purpose: Lightning calls
@@ -57,9 +58,7 @@ def _fingerprint(directory: Path) -> _Fingerprint:
             continue
         for entry in scan:
             info = entry.stat(follow_symlinks=False)
-            entries.add(
-                (os.path.relpath(entry.path, directory), info.st_ino, info.st_mtime_ns, info.st_size)
-            )
+            entries.add((os.path.relpath(entry.path, directory), info.st_ino, info.st_mtime_ns, info.st_size))
             if entry.is_dir(follow_symlinks=False):
                 pending.append(Path(entry.path))
     return frozenset(entries)
@@ -125,7 +124,9 @@ class MirroredModelCheckpoint(ModelCheckpoint):
             super().on_validation_end(trainer, pl_module)
 
     @override
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         with self._mirroring(trainer):
             super().on_exception(trainer, pl_module, exception)
 

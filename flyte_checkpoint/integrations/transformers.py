@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ from flyte_checkpoint.errors import InvalidCheckpointInputError
 
 __all__ = ["MirrorOutputDirCallback", "restore_last_checkpoint"]
 
+# Untyped upstream: the newest ``checkpoint-<step>`` folder directly under a directory, or None.
+_get_last_checkpoint: Callable[[str], str | None] = get_last_checkpoint
+
 
 class MirrorOutputDirCallback(TrainerCallback):
     """Save ``Trainer``'s output directory to ``checkpoint`` after every checkpoint it writes.
@@ -42,7 +46,9 @@ class MirrorOutputDirCallback(TrainerCallback):
     ``TrainingArguments.output_dir``.
     """
 
-    def __init__(self, checkpoint: BaseCheckpoint, *, output_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, checkpoint: BaseCheckpoint, *, output_dir: str | os.PathLike[str] | None = None
+    ) -> None:
         self.checkpoint = checkpoint
         self.output_dir = Path(output_dir) if output_dir is not None else None
 
@@ -51,8 +57,12 @@ class MirrorOutputDirCallback(TrainerCallback):
     ) -> None:
         if not state.is_world_process_zero:
             return
-        directory = self.output_dir if self.output_dir is not None else Path(args.output_dir)
-        self.checkpoint.save_sync(directory)
+        directory = self.output_dir if self.output_dir is not None else args.output_dir
+        if directory is None:
+            raise InvalidCheckpointInputError(
+                "TrainingArguments.output_dir is not set; pass output_dir= to MirrorOutputDirCallback"
+            )
+        self.checkpoint.save_sync(Path(directory))
 
 
 def restore_last_checkpoint(
@@ -85,5 +95,4 @@ def restore_last_checkpoint(
         if root.exists():
             shutil.rmtree(root)
         shutil.copytree(restored, root, symlinks=True)
-    last: str | None = get_last_checkpoint(str(root))
-    return last
+    return _get_last_checkpoint(str(root))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import io
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime
 from types import TracebackType
 from typing import IO, Any
@@ -145,10 +147,16 @@ class VerifyingReader(io.RawIOBase):
     """
 
     def __init__(
-        self, stream: IO[bytes], info: ObjectInfo, *, changed_since: Callable[[], bool] | None = None
+        self,
+        stream: IO[bytes],
+        info: ObjectInfo,
+        *,
+        changed_since: Callable[[], bool] | None = None,
+        translate_errors: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         super().__init__()
         self._changed_since = changed_since
+        self._translate_errors = translate_errors
         self._stream = stream
         self.info = info
         self._digest = hashlib.sha256() if info.recorded_digest else None
@@ -157,7 +165,8 @@ class VerifyingReader(io.RawIOBase):
         self.progress: ProgressReporter | None = None
 
     def read(self, size: int = -1) -> bytes:
-        data = self._stream.read(size)
+        with self._translate_errors():
+            data = self._stream.read(size)
         if data:
             self._size += len(data)
             if self._digest is not None:

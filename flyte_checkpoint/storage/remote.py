@@ -67,6 +67,8 @@ _PROFILES = {
                 "retries": {"max_attempts": 3, "mode": "standard"},
             }
         },
+        # s3fs retries on top of botocore, and its constructor ignores ``retries=``.
+        own_options={"retries": 5},
     ),
     "gs": _Profile(
         block_size=16 << 20,
@@ -149,6 +151,9 @@ class FsspecBackend(Backend):
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
         options = _merged_options(self.profile.defaults, storage_options)
         own = {key: options.pop(key, default) for key, default in self.profile.own_options.items()}
+        if own != dict(self.profile.own_options):
+            # fsspec shares one instance per set of options, and these are set on the instance.
+            options["skip_instance_cache"] = True
         try:
             self.fs = fsspec.filesystem(self.protocol, **options)
         except ImportError as exc:
@@ -159,6 +164,8 @@ class FsspecBackend(Backend):
             ) from exc
         if self.protocol == "abfs":
             _bound_azure_client(self.fs, options, own)
+        elif self.protocol == "s3":
+            self.fs.retries = int(own["retries"])
 
     def _errors(self, uri: str, action: str) -> contextlib.AbstractContextManager[None]:
         return translated_backend_errors(uri, action, scheme_of(uri))
@@ -193,7 +200,12 @@ class FsspecBackend(Backend):
                 )
             except FileNotFoundError:
                 return None
-        return VerifyingReader(stream, info, changed_since=self._change_detector(uri, info))
+        return VerifyingReader(
+            stream,
+            info,
+            changed_since=self._change_detector(uri, info),
+            translate_errors=lambda: self._errors(uri, "loading"),
+        )
 
     def _change_detector(self, uri: str, opened: ObjectInfo) -> Callable[[], bool]:
         def changed() -> bool:
