@@ -655,6 +655,68 @@ def unpack_archive(
         raise CheckpointCorruptError(f"damaged archive: {exc}") from exc
 
 
+MemberKind = Literal["file", "directory", "symlink", "hardlink", "other"]
+
+
+class MemberInfo(BaseModel):
+    """One member of a directory archive, as listed without extracting it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: MemberKind
+    size: int
+    mode: int
+    mtime: float
+    link: str | None = None
+
+
+_KINDS: dict[bytes, MemberKind] = {
+    tarfile.REGTYPE: "file",
+    tarfile.AREGTYPE: "file",
+    tarfile.CONTTYPE: "file",
+    tarfile.DIRTYPE: "directory",
+    tarfile.SYMTYPE: "symlink",
+    tarfile.LNKTYPE: "hardlink",
+}
+
+
+def list_members(source: IO[bytes], *, compressed: bool = True) -> list[MemberInfo]:
+    """The members of the tar stream ``source``, read to its end (so its checks run) unextracted.
+
+    Raises :class:`CheckpointCorruptError` for a damaged stream, like :func:`unpack_archive`.
+    """
+    members: list[MemberInfo] = []
+
+    def collect(stream: IO[bytes]) -> None:
+        reader = _TarReader(stream)
+        while (entry := reader.next()) is not None:
+            kind: MemberKind = _KINDS.get(entry.type, "other")
+            members.append(
+                MemberInfo(
+                    name=entry.name,
+                    kind=kind,
+                    size=entry.size if kind == "file" else 0,
+                    mode=entry.mode,
+                    mtime=entry.mtime,
+                    link=entry.linkname if kind in ("symlink", "hardlink") else None,
+                )
+            )
+        _drain(stream)
+
+    try:
+        if compressed:
+            with gzip_reader(source) as plain:
+                collect(plain)
+        else:
+            collect(source)
+    except CheckpointError:
+        raise
+    except _FORMAT_ERRORS as exc:
+        raise CheckpointCorruptError(f"damaged archive: {exc}") from exc
+    return members
+
+
 def _drain(stream: IO[bytes]) -> None:
     while stream.read(_CHUNK):
         pass

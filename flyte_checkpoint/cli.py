@@ -1,43 +1,130 @@
-"""The ``flyte-checkpoint`` command."""
+"""The ``flyte-checkpoint`` command: look at, verify, fetch and store checkpoints, and run a task."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import shutil
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from flyte_checkpoint.context import CheckpointPaths
-from flyte_checkpoint.runners.runtime import load_and_run_task
+from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 
 EXIT_OK = 0
-EXIT_TASK_FAILED = 1
-EXIT_USAGE = 2
+EXIT_FAILED = 1
+"""The command failed (a task raised, or ``verify`` found a damaged object)."""
+EXIT_UNREADABLE = 2
+"""The object is absent or could not be read (``verify``), or the command line is wrong."""
+
+_BAR_THRESHOLD = 4 << 20
+"""Transfers smaller than this finish before a bar is worth drawing."""
+
+EXAMPLES = {
+    "inspect": "flyte-checkpoint inspect s3://bucket/run/checkpoint --verify --json",
+    "verify": "flyte-checkpoint verify gs://bucket/run/checkpoint",
+    "get": "flyte-checkpoint get s3://bucket/run/checkpoint ./restored",
+    "put": "flyte-checkpoint put ./model_dir s3://bucket/run/checkpoint",
+    "ls": "flyte-checkpoint ls s3://bucket/run/state",
+    "run": "flyte-checkpoint run --checkpoint-path s3://b/run/checkpoint --prev-checkpoint "
+    "s3://b/run/prev_checkpoint train:main --inputs '{\"epochs\": 10}'",
+}
+
+
+def _storage_option(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``flyte-checkpoint`` command."""
     parser = argparse.ArgumentParser(
-        prog="flyte-checkpoint",
-        description="Checkpoints for long-running, retried tasks.",
+        prog="flyte-checkpoint", description="Look at, verify, fetch and store task checkpoints."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser(
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name, help=summary, description=description, epilog=f"example: {EXAMPLES[name]}"
+        )
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sub.add_argument(
+            "--storage-option",
+            "-o",
+            action="append",
+            type=_storage_option,
+            default=[],
+            metavar="KEY=VALUE",
+            help="an fsspec storage option (VALUE parsed as JSON when it is JSON); repeatable",
+        )
+        return sub
+
+    inspect = command(
+        "inspect",
+        "describe a stored checkpoint",
+        "Show a checkpoint's format, size, recorded digest, time and, for a directory archive, "
+        "its members (read from the stream, nothing is extracted).",
+    )
+    inspect.add_argument("uri", metavar="URI")
+    inspect.add_argument("--verify", action="store_true", help="read it whole and check every digest")
+    inspect.add_argument("--json", action="store_true", help="print JSON for machines")
+    inspect.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    verify = command(
+        "verify",
+        "check a stored checkpoint end to end",
+        "Read the whole object and run every check its format has (recorded size and sha256, "
+        "gzip CRC, tar structure). Exit 0 when sound, 1 when damaged, 2 when absent or unreadable.",
+    )
+    verify.add_argument("uri", metavar="URI")
+    verify.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    get = command(
+        "get",
+        "restore a checkpoint into a directory",
+        "Do what load() does, into DIR: a directory archive is extracted (safely), a raw object "
+        "becomes DIR/payload. A non-empty DIR is refused unless --force.",
+    )
+    get.add_argument("uri", metavar="URI")
+    get.add_argument("directory", metavar="DIR", type=Path)
+    get.add_argument("--force", action="store_true", help="write into a non-empty DIR")
+    get.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    put = command(
+        "put",
+        "save a file or directory as a checkpoint",
+        "Do what save() does: a file is stored as-is, a directory as one .tar.gz, atomically.",
+    )
+    put.add_argument("path", metavar="PATH", type=Path)
+    put.add_argument("uri", metavar="URI")
+    put.add_argument("--level", type=int, default=None, help="gzip level for directories, 0 (store) to 9")
+    put.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    ls = command(
+        "ls",
+        "list the steps of a multi-part checkpoint root",
+        "List step_<n> directories under ROOT with their state, size, part count and metadata.",
+    )
+    ls.add_argument("root", metavar="ROOT")
+    ls.add_argument("--json", action="store_true", help="print JSON for machines")
+
+    run = command(
         "run",
-        help="run one task attempt with its checkpoint locations (a container entry point)",
-        description=(
-            "Run MODULE:FUNCTION once inside a task context whose checkpoint saves to "
-            "--checkpoint-path and restores from --prev-checkpoint. The attempt number comes "
-            "from FLYTE_ATTEMPT_NUMBER. The result is printed as JSON."
-        ),
-        epilog=(
-            "example: flyte-checkpoint run --checkpoint-path s3://b/run/checkpoint "
-            "--prev-checkpoint s3://b/run/prev_checkpoint train:main --inputs '{\"epochs\": 10}'"
-        ),
+        "run one task attempt with its checkpoint locations (a container entry point)",
+        "Run MODULE:FUNCTION once inside a task context whose checkpoint saves to --checkpoint-path "
+        "and restores from --prev-checkpoint. The attempt number comes from FLYTE_ATTEMPT_NUMBER. "
+        "The result is printed as JSON.",
     )
     run.add_argument("--checkpoint-path", required=True, metavar="URI")
     run.add_argument("--prev-checkpoint", default=None, metavar="URI")
@@ -48,7 +135,149 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int | None], None] | None]:
+    """A progress callback drawing a bar on a terminal, for transfers over a few MiB."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    bars: list[Any] = []
+
+    def update(done: int, total: int | None) -> None:
+        if not bars:
+            if max(done, total or 0) < _BAR_THRESHOLD:
+                return
+            # A terminal that reports no size (a bare pty) would get a zero-size, hidden bar.
+            size = shutil.get_terminal_size((100, 24))
+            bars.append(
+                tqdm(
+                    ncols=size.columns or 100,
+                    nrows=size.lines or 24,
+                    total=total,
+                    desc=description,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    file=sys.stderr,
+                )
+            )
+        bar = bars[0]
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        for bar in bars:
+            bar.close()
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any] | None:
+    return dict(args.storage_option) or None
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from flyte_checkpoint.inspection import inspect_object
+
+    with progress_bar("reading", args.quiet or args.json) as progress:
+        report = inspect_object(
+            args.uri, storage_options=_options(args), verify=args.verify, progress=progress
+        )
+    if args.json:
+        print(report.model_dump_json(indent=2))
+        return EXIT_OK
+    print(f"uri:       {report.uri}")
+    print(f"format:    {_describe_kind(report.kind)}")
+    print(f"size:      {report.size} bytes ({report.size / (1 << 20):.1f} MiB)")
+    print(f"modified:  {report.modified.isoformat() if report.modified else 'unknown'}")
+    print(f"sha256:    {report.recorded_sha256 or 'not recorded'}")
+    if report.verified is not None or args.verify:
+        verdict = "yes, every check passed" if report.verified else "read whole, nothing recorded to check"
+        print(f"verified:  {verdict}")
+    if report.members is not None:
+        print(f"members:   {len(report.members)}")
+        for member in report.members:
+            link = f" -> {member.link}" if member.link else ""
+            print(f"  {member.kind:<9} {member.size:>12}  {member.name}{link}")
+    return EXIT_OK
+
+
+def _describe_kind(kind: str) -> str:
+    return {
+        "archive": "directory archive (.tar.gz)",
+        "payload": "raw payload (restored as payload)",
+        "empty": "empty object (means no checkpoint)",
+    }[kind]
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from flyte_checkpoint.inspection import inspect_object
+
+    try:
+        with progress_bar("verifying", args.quiet) as progress:
+            report = inspect_object(args.uri, storage_options=_options(args), verify=True, progress=progress)
+    except CheckpointCorruptError as exc:
+        print(f"corrupt: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except CheckpointError as exc:
+        print(f"unreadable: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if report.kind == "empty":
+        print(f"absent: {args.uri} is empty, which means no checkpoint", file=sys.stderr)
+        return EXIT_UNREADABLE
+    checks = (["sha256"] if report.recorded_sha256 else []) + (
+        ["gzip CRC", "tar structure"] if report.kind == "archive" else []
+    )
+    print(f"ok: {args.uri} ({report.size} bytes; checked: {', '.join(checks) or 'readable only'})")
+    return EXIT_OK
+
+
+def _get(args: argparse.Namespace) -> int:
+    from flyte_checkpoint.inspection import restore_to
+
+    with progress_bar("restoring", args.quiet) as progress:
+        restored = restore_to(
+            args.uri, args.directory, storage_options=_options(args), force=args.force, progress=progress
+        )
+    print(f"restored {args.uri} to {restored}")
+    return EXIT_OK
+
+
+def _put(args: argparse.Namespace) -> int:
+    from flyte_checkpoint.checkpoint import Checkpoint
+
+    options: dict[str, Any] = {"storage_options": _options(args)}
+    if args.level is not None:
+        options["compression_level"] = args.level
+    with Checkpoint(args.uri, **options) as checkpoint, progress_bar("saving", args.quiet) as progress:
+        checkpoint.save_sync(args.path, progress=progress)
+    print(f"saved {args.path} to {args.uri}")
+    return EXIT_OK
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from flyte_checkpoint.state import CheckpointManager
+
+    steps = CheckpointManager(args.root, storage_options=_options(args)).describe_steps()
+    if args.json:
+        print(json.dumps([step.model_dump(mode="json") for step in steps], indent=2))
+        return EXIT_OK
+    if not steps:
+        print(f"no steps under {args.root}")
+    for step in steps:
+        if not step.committed:
+            print(f"step {step.step:>10}  uncommitted (an interrupted save; removed by the next commit)")
+            continue
+        size = f"{(step.size or 0) / (1 << 20):.1f} MiB"
+        print(f"step {step.step:>10}  committed  {size:>10}  {step.parts} parts  {json.dumps(step.metadata)}")
+    return EXIT_OK
+
+
 def _run(args: argparse.Namespace) -> int:
+    from flyte_checkpoint.context import CheckpointPaths
+    from flyte_checkpoint.runners.runtime import load_and_run_task
+
     try:
         inputs: Any = json.loads(args.inputs)
     except json.JSONDecodeError as exc:
@@ -62,24 +291,37 @@ def _run(args: argparse.Namespace) -> int:
         inputs=inputs,
         run_name=args.run_name,
         action_name=args.action_name,
+        storage_options=_options(args),
     )
     print(json.dumps(result, default=str))
     return EXIT_OK
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "inspect": _inspect,
+    "verify": _verify,
+    "get": _get,
+    "put": _put,
+    "ls": _ls,
+    "run": _run,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flyte-checkpoint`` command; returns the exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO,
+        level=logging.DEBUG if args.debug else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     try:
-        return _run(args)
+        return _COMMANDS[args.command](args)
     except Exception as exc:  # one clear line unless --debug
         if args.debug:
             traceback.print_exc()
         else:
             print(f"flyte-checkpoint: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_TASK_FAILED
+        if isinstance(exc, CheckpointNotFoundError) and args.command in ("inspect", "get"):
+            return EXIT_UNREADABLE
+        return EXIT_FAILED

@@ -30,7 +30,7 @@ from flyte_checkpoint.state.components import (
     Serializer,
     Stateful,
 )
-from flyte_checkpoint.state.manager import CheckpointManager, RestoredStep
+from flyte_checkpoint.state.manager import CheckpointManager, RestoredStep, StepSummary
 from flyte_checkpoint.state.manifest import CommitPointer, Manifest, PartAck, PartRecord
 from flyte_checkpoint.state.parts import PartData, load_controller, load_part, read_part, write_part
 from flyte_checkpoint.state.runtime import DEFAULT_TIMEOUT, LockLike
@@ -51,6 +51,7 @@ __all__ = [
     "RestoredStep",
     "Serializer",
     "Stateful",
+    "StepSummary",
     "Worker",
     "begin",
     "commit",

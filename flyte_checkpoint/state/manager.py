@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -17,7 +18,7 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
 )
 from flyte_checkpoint.state.api import load_manifest_and_apply, save_checkpoint
-from flyte_checkpoint.state.commit import Worker, begin, commit
+from flyte_checkpoint.state.commit import Worker, begin, commit, read_committed
 from flyte_checkpoint.state.components import PICKLE, Component, Serializer
 from flyte_checkpoint.state.layout import POINTER_NAME, Layout
 from flyte_checkpoint.state.manifest import Manifest
@@ -30,6 +31,21 @@ logger = logging.getLogger("flyte_checkpoint")
 
 STEP_DIR_PREFIX = "step_"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class StepSummary(BaseModel):
+    """One step directory as ``flyte-checkpoint ls`` shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    committed: bool
+    version_id: str | None = None
+    created: datetime | None = None
+    parts: int | None = None
+    size: int | None = None
+    """Bytes of all parts and the controller's state."""
+    metadata: dict[str, Any] = {}
 
 
 class RestoredStep(BaseModel):
@@ -102,6 +118,29 @@ class CheckpointManager:
     def steps(self) -> list[int]:
         """The committed steps, oldest first."""
         return sorted(self._scan()[0])
+
+    def describe_steps(self) -> list[StepSummary]:
+        """Every step directory, oldest first, committed or not, with what its manifest records."""
+        committed, every = self._scan()
+        summaries = []
+        for step in sorted(every):
+            if step not in committed:
+                summaries.append(StepSummary(step=step, committed=False))
+                continue
+            manifest = read_committed(Layout.of(self.checkpoint_dir(step), self._storage_options))
+            records = [*manifest.parts, *([manifest.controller] if manifest.controller else [])]
+            summaries.append(
+                StepSummary(
+                    step=step,
+                    committed=True,
+                    version_id=manifest.version_id,
+                    created=manifest.created,
+                    parts=manifest.world_size,
+                    size=sum(record.size for record in records),
+                    metadata=manifest.metadata,
+                )
+            )
+        return summaries
 
     def latest_step(self) -> int | None:
         """The newest committed step, or ``None`` when there is none."""

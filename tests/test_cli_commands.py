@@ -1,0 +1,222 @@
+"""``flyte-checkpoint`` inspect, verify, get, put and ls, run as a user would: as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint import Checkpoint
+from tests.conftest import tree_of
+from tests.storage.conftest import remote_for
+from tests.storage_servers import StorageServer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flyte_checkpoint", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=False,
+    )
+
+
+def test_put_then_get_round_trips_a_directory(tmp_path: Path, model_dir: Path) -> None:
+    put = cli("put", str(model_dir), str(tmp_path / "obj"))
+    assert put.returncode == 0, put.stderr
+    got = cli("get", str(tmp_path / "obj"), str(tmp_path / "restored"))
+    assert got.returncode == 0, got.stderr
+    assert tree_of(tmp_path / "restored") == tree_of(model_dir)
+
+
+def test_get_of_a_payload_writes_dir_payload(tmp_path: Path) -> None:
+    Checkpoint(str(tmp_path / "obj")).save_sync(b"raw state")
+    assert cli("get", str(tmp_path / "obj"), str(tmp_path / "out")).returncode == 0
+    assert (tmp_path / "out" / "payload").read_bytes() == b"raw state"
+
+
+def test_get_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None:
+    Checkpoint(str(tmp_path / "obj")).save_sync(b"raw state")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("keep me")
+    refused = cli("get", str(tmp_path / "obj"), str(tmp_path / "out"))
+    assert refused.returncode == 1
+    assert "--force" in refused.stderr
+    assert cli("get", "--force", str(tmp_path / "obj"), str(tmp_path / "out")).returncode == 0
+    assert (tmp_path / "out" / "mine.txt").read_text() == "keep me"
+    assert (tmp_path / "out" / "payload").read_bytes() == b"raw state"
+
+
+def test_get_of_a_corrupt_archive_leaves_the_target_untouched(tmp_path: Path, model_dir: Path) -> None:
+    Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
+    with open(tmp_path / "obj", "r+b") as handle:
+        handle.seek(2000)
+        handle.write(b"\xff\x00\xff")
+    result = cli("get", str(tmp_path / "obj"), str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert "CheckpointCorruptError" in result.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".flyte-cp-get-")] == []
+
+
+def test_inspect_json_lists_archive_members_without_extracting(tmp_path: Path, model_dir: Path) -> None:
+    Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
+    result = cli("inspect", str(tmp_path / "obj"), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["kind"] == "archive"
+    assert report["size"] == (tmp_path / "obj").stat().st_size
+    assert len(report["recorded_sha256"]) == 64
+    members = {m["name"]: m for m in report["members"]}
+    assert members["weights.bin"]["size"] == 300_000
+    assert members["shards/rank0/part-0.bin"]["kind"] == "file"
+
+
+def test_inspect_shows_a_payload_and_its_digest_check(tmp_path: Path) -> None:
+    Checkpoint(str(tmp_path / "obj")).save_sync(b"abc")
+    result = cli("inspect", str(tmp_path / "obj"), "--verify")
+    assert result.returncode == 0, result.stderr
+    assert "raw payload" in result.stdout
+    assert "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad" in result.stdout
+    assert "yes, every check passed" in result.stdout
+
+
+def test_verify_exits_0_for_a_sound_checkpoint(tmp_path: Path, model_dir: Path) -> None:
+    Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
+    result = cli("verify", str(tmp_path / "obj"))
+    assert result.returncode == 0, result.stderr
+    assert "checked: sha256, gzip CRC, tar structure" in result.stdout
+
+
+def test_verify_exits_1_with_the_reason_for_a_corrupt_checkpoint(tmp_path: Path) -> None:
+    Checkpoint(str(tmp_path / "obj")).save_sync(b"precious bytes")
+    with open(tmp_path / "obj", "r+b") as handle:
+        handle.write(b"P")
+    result = cli("verify", str(tmp_path / "obj"))
+    assert result.returncode == 1
+    assert "corrupt:" in result.stderr
+    assert "sha256" in result.stderr
+
+
+def test_verify_exits_2_when_the_checkpoint_is_absent(tmp_path: Path) -> None:
+    result = cli("verify", str(tmp_path / "nothing"))
+    assert result.returncode == 2
+    assert "no checkpoint at" in result.stderr
+
+
+def test_errors_are_one_line_without_a_traceback(tmp_path: Path) -> None:
+    result = cli("put", str(tmp_path / "missing"), str(tmp_path / "obj"))
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0
+    assert "no such file or directory" in result.stderr
+
+
+def test_ls_lists_committed_steps_with_metadata(tmp_path: Path) -> None:
+    from flyte_checkpoint.state import CheckpointManager
+
+    class Counter:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def state_dict(self) -> dict[str, int]:
+            return {"value": self.value}
+
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            self.value = state["value"]
+
+    manager = CheckpointManager(tmp_path / "root")
+    for step in (100, 200):
+        manager.save(step, controller=Counter(step), parts=[Counter(1), Counter(2)], metadata={"step": step})
+    (tmp_path / "root" / "step_300").mkdir()
+    result = cli("ls", str(tmp_path / "root"), "--json")
+    assert result.returncode == 0, result.stderr
+    steps = json.loads(result.stdout)
+    assert [(s["step"], s["committed"], s["parts"]) for s in steps] == [
+        (100, True, 2),
+        (200, True, 2),
+        (300, False, None),
+    ]
+    assert steps[1]["metadata"] == {"step": 200}
+    text = cli("ls", str(tmp_path / "root")).stdout
+    assert "uncommitted" in text
+
+
+def test_storage_options_reach_the_backend(s3_server: StorageServer, tmp_path: Path) -> None:
+    remote = remote_for("s3", s3_server)
+    options = remote.storage_options
+    flags = [
+        "-o", f"endpoint_url={options['endpoint_url']}",
+        "-o", f"key={options['key']}",
+        "-o", f"secret={options['secret']}",
+        "-o", f"client_kwargs={json.dumps(options['client_kwargs'])}",
+    ]  # fmt: skip
+    (tmp_path / "state.bin").write_bytes(os.urandom(1 << 20))
+    assert cli("put", *flags, str(tmp_path / "state.bin"), remote.uri("cli/obj")).returncode == 0
+    verified = cli("verify", *flags, remote.uri("cli/obj"))
+    assert verified.returncode == 0, verified.stderr
+    got = cli("get", *flags, remote.uri("cli/obj"), str(tmp_path / "out"))
+    assert got.returncode == 0, got.stderr
+    assert (tmp_path / "out" / "payload").read_bytes() == (tmp_path / "state.bin").read_bytes()
+
+
+def run_on_a_terminal(*args: str) -> str:
+    """Run the command with stderr on a pseudo-terminal; return what the terminal showed."""
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flyte_checkpoint", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=follower,
+            env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100"},
+        )
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closes when the process exits
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert process.wait(timeout=120) == 0
+        return shown.decode(errors="replace")
+    finally:
+        os.close(leader)
+
+
+def test_a_progress_bar_is_drawn_on_a_terminal(tmp_path: Path) -> None:
+    (tmp_path / "big.bin").write_bytes(os.urandom(24 << 20))
+    shown = run_on_a_terminal("put", str(tmp_path / "big.bin"), str(tmp_path / "obj"))
+    assert "saving" in shown
+    assert "100%" in shown
+
+
+def test_quiet_draws_no_bar_even_on_a_terminal(tmp_path: Path) -> None:
+    (tmp_path / "big.bin").write_bytes(os.urandom(24 << 20))
+    assert run_on_a_terminal("put", "--quiet", str(tmp_path / "big.bin"), str(tmp_path / "obj")) == ""
+
+
+def test_no_bar_is_drawn_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    (tmp_path / "big.bin").write_bytes(os.urandom(24 << 20))
+    result = cli("put", str(tmp_path / "big.bin"), str(tmp_path / "obj"))
+    assert result.returncode == 0
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "get", "put", "ls", "run"])
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    result = cli(command, "--help")
+    assert result.returncode == 0
+    assert f"example: flyte-checkpoint {command}" in result.stdout
