@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flyte_checkpoint.archive import describe_mode
+from flyte_checkpoint.archive import check_tree, describe_mode
 from flyte_checkpoint.errors import InputChangedError, InvalidCheckpointInputError
 from flyte_checkpoint.progress import ProgressCallback
 
@@ -72,6 +72,8 @@ def take_snapshot(data: bytes | Path, scratch: Path) -> Snapshot:
         raise InvalidCheckpointInputError(
             f"cannot save {data}: it is a {describe_mode(mode)}, not a regular file or directory"
         )
+    if stat.S_ISDIR(mode):
+        check_tree(data)  # refuse what cannot be saved now, naming the caller's paths
     for parent in (scratch, data.parent):
         root = parent / f".flyte-cp-snapshot-{uuid.uuid4().hex}"
         try:
@@ -129,8 +131,12 @@ def _mirror(source: Path, target: Path, snapshot: Snapshot, *, link: bool) -> No
 def _link_target(link: Path, source: Path) -> str:
     """A link's target, made relative when it is absolute but inside the tree being saved."""
     target = os.readlink(link)
-    if os.path.isabs(target) and (target == str(source) or target.startswith(f"{source}{os.sep}")):
-        return os.path.relpath(target, link.parent)
+    if not os.path.isabs(target):
+        return target
+    for prefix in {str(source.absolute()), os.path.realpath(source)}:
+        if target == prefix or target.startswith(prefix.rstrip(os.sep) + os.sep):
+            real_target = os.path.realpath(source) + target[len(prefix) :]
+            return os.path.relpath(real_target, os.path.realpath(link.parent))
     return target
 
 

@@ -167,17 +167,34 @@ class VerifyingReader(io.RawIOBase):
     def read(self, size: int = -1) -> bytes:
         with self._translate_errors():
             data = self._stream.read(size)
-        if data:
+        self._account(data, wanted=size != 0)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        into = getattr(self._stream, "readinto", None)
+        if into is None:
+            data = self.read(len(view))
+            view[: len(data)] = data
+            return len(data)
+        # Straight into the caller's buffer: no per-read allocation and copy of large chunks.
+        with self._translate_errors():
+            count = into(view) or 0
+        self._account(view[:count], wanted=len(view) != 0)
+        return count
+
+    def _account(self, data: bytes | memoryview, *, wanted: bool) -> None:
+        """Count and hash ``data``; an empty answer to a real request is end-of-file: verify."""
+        if len(data):
             self._size += len(data)
             if self._digest is not None:
                 self._digest.update(data)
             if self.progress is not None:
                 self.progress.advance(self._size)
-        elif size != 0:
+        elif wanted:
             self._verify()
             if self.progress is not None:
                 self.progress.finish(self._size)
-        return data
 
     def readall(self) -> bytes:
         chunks = []
@@ -187,12 +204,6 @@ class VerifyingReader(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
 
     @property
     def verified(self) -> bool:

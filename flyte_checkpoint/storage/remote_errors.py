@@ -45,6 +45,9 @@ _TRANSIENT_TYPES = frozenset(
         "ConnectionAbortedError",
         "BrokenPipeError",
         "IncompleteRead",
+        # s3fs: the object changed between two range reads (a concurrent replace); a retry
+        # reads the new object whole
+        "FileExpired",
         # azure-core
         "ServiceRequestError",
         "ServiceResponseError",
@@ -68,6 +71,8 @@ _TRANSIENT_CODES = frozenset(
         "ServiceUnavailable",
         "ServerBusy",
         "OperationTimedOut",
+        "PreconditionFailed",
+        "ConditionNotMet",
     }
 )
 _PERMISSION_CODES = frozenset(
@@ -134,7 +139,7 @@ def classify(exc: BaseException) -> Kind | None:
             return "absent"
         if name in _TRANSIENT_TYPES or code in _TRANSIENT_CODES:
             return "transient"
-        if status is not None and (status >= 500 or status in (408, 429)):
+        if status is not None and (status >= 500 or status in (408, 412, 429)):
             return "transient"
         if isinstance(link, PermissionError):
             return "permission"
