@@ -1,4 +1,4 @@
-"""Fixtures of the crash tests: a real S3 server, and the outcome summary printed at the end.
+"""The crash tests' outcome summary, printed at the end (the S3 server is the session one).
 
 Sizes: by default every data kind is a few tens of MiB so that the whole of ``tests/crash`` stays
 near a minute on two cores. ``FLYTE_CHECKPOINT_SLOW_TESTS=1`` switches to the sizes of the
@@ -8,12 +8,9 @@ emulator keeps every upload in memory).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.crash.harness import RESULTS
-from tests.storage_servers import ServerUnavailableError, StorageServer, start_moto
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -23,16 +20,3 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("crash consistency: outcomes of killed saves and loads")
     for log in RESULTS:
         terminalreporter.write_line(log.line())
-
-
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[StorageServer]:
-    """A real S3 server (moto) on 127.0.0.1 for the whole session; skipped when not installed."""
-    try:
-        server = start_moto()
-    except ServerUnavailableError as exc:
-        pytest.skip(f"S3 server unavailable: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
