@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
-
-import fsspec
 
 from flyte_checkpoint.errors import BackendNotInstalledError
 from flyte_checkpoint.storage.base import (
@@ -32,6 +31,13 @@ from flyte_checkpoint.storage.remote_errors import translated_backend_errors
 from flyte_checkpoint.uris import scheme_of
 
 EXTRAS = {"s3": "s3", "gs": "gcs", "abfs": "azure"}
+# The implementations are named, not looked up in fsspec's registry: other libraries (the Flyte
+# SDK's flyte.init() registers obstore) replace the registry's s3/gs/abfs entries process-wide.
+IMPLEMENTATIONS = {
+    "s3": "s3fs:S3FileSystem",
+    "gs": "gcsfs:GCSFileSystem",
+    "abfs": "adlfs:AzureBlobFileSystem",
+}
 _CANONICAL = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "abfs": "abfs", "abfss": "abfs", "az": "abfs"}
 _OUR_KEYS = (FORMAT_KEY, DIGEST_KEY, SIZE_KEY)
 
@@ -155,7 +161,8 @@ class FsspecBackend(Backend):
             # fsspec shares one instance per set of options, and these are set on the instance.
             options["skip_instance_cache"] = True
         try:
-            self.fs = fsspec.filesystem(self.protocol, **options)
+            module_name, _, class_name = IMPLEMENTATIONS[self.protocol].partition(":")
+            self.fs = getattr(importlib.import_module(module_name), class_name)(**options)
         except ImportError as exc:
             extra = EXTRAS.get(self.protocol, "all")
             raise BackendNotInstalledError(

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import pytest
 
 from flyte_checkpoint import (
@@ -21,6 +20,7 @@ from flyte_checkpoint import (
 )
 from flyte_checkpoint import archive as archive_module
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object
+from flyte_checkpoint.storage import remote as remote_module
 from tests.conftest import tree_of
 from tests.storage.conftest import Remote
 
@@ -204,10 +204,8 @@ def test_the_retry_runner_resumes_a_failing_task_from_the_store(remote: Remote) 
 
 
 def test_a_missing_backend_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, remote: Remote) -> None:
-    def not_installed(protocol: str, **options: Any) -> Any:
-        raise ImportError(f"Install {protocol}fs to access {protocol}")  # what fsspec says
-
-    monkeypatch.setattr(fsspec, "filesystem", not_installed)
+    protocol = {"s3": "s3", "gcs": "gs", "azure": "abfs"}[remote.backend]
+    monkeypatch.setitem(remote_module.IMPLEMENTATIONS, protocol, "flyte_checkpoint_no_such_module:FileSystem")
     extra = {"s3": "s3", "gcs": "gcs", "azure": "azure"}[remote.backend]
     with pytest.raises(BackendNotInstalledError, match=rf"pip install 'flyte-checkpoint\[{extra}\]'"):
         checkpoint(remote, "x")
