@@ -37,7 +37,7 @@ behaviour each. The terminal summary ("crash consistency") lists trials, outcome
 and where the kills landed.
 
 Sizes: by default bytes and file are 20 MiB and the directory about 24 MiB, with 50 timed kills
-per kind on local disk and 12 per kind on S3 (20 MiB, above the 16 MiB multipart block), so the
+per kind on local disk and 25 per kind on S3 (20 MiB, above the 16 MiB multipart block), so the
 whole of ``tests/crash`` takes about a minute on two cores. ``FLYTE_CHECKPOINT_SLOW_TESTS=1``
 uses 256 MiB locally (the issue's size) and 64 MiB on S3.
 """
@@ -76,7 +76,7 @@ LOCAL_SIZE = 256 * MiB if SLOW else 20 * MiB
 LOCAL_TREE_SIZE = 256 * MiB if SLOW else 24 * MiB
 S3_SIZE = 64 * MiB if SLOW else 20 * MiB
 LOCAL_KILLS = 50
-S3_KILLS = 12
+S3_KILLS = 25
 REFERENCE_SAVES = ("A", "B", "A", "B")
 """Uninterrupted saves before the kills; the last one of each version is the reference run
 whose narration the kill points are planned on."""
