@@ -65,3 +65,19 @@ def tree_of(root: Path) -> dict[str, bytes | None]:
         path.relative_to(root).as_posix(): (None if path.is_dir() else path.read_bytes())
         for path in sorted(root.rglob("*"))
     }
+
+
+def damage_in_place(path: Path, offset: int, data: bytes) -> None:
+    """Overwrite bytes of a stored object the way bit rot does: its modification time unchanged."""
+    status = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(data)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+
+
+def truncate_in_place(path: Path, length: int) -> None:
+    """Cut a stored object short, as a failing disk would: its modification time unchanged."""
+    status = path.stat()
+    os.truncate(path, length)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))

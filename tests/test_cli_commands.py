@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import Checkpoint
-from tests.conftest import tree_of
+from tests.conftest import damage_in_place, tree_of
 from tests.storage.conftest import remote_for
 from tests.storage_servers import StorageServer
 
@@ -59,9 +59,7 @@ def test_get_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None
 
 def test_get_of_a_corrupt_archive_leaves_the_target_untouched(tmp_path: Path, model_dir: Path) -> None:
     Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
-    with open(tmp_path / "obj", "r+b") as handle:
-        handle.seek(2000)
-        handle.write(b"\xff\x00\xff")
+    damage_in_place(tmp_path / "obj", 2000, b"\xff\x00\xff")
     result = cli("get", str(tmp_path / "obj"), str(tmp_path / "out"))
     assert result.returncode == 1
     assert "CheckpointCorruptError" in result.stderr
@@ -100,8 +98,7 @@ def test_verify_exits_0_for_a_sound_checkpoint(tmp_path: Path, model_dir: Path) 
 
 def test_verify_exits_1_with_the_reason_for_a_corrupt_checkpoint(tmp_path: Path) -> None:
     Checkpoint(str(tmp_path / "obj")).save_sync(b"precious bytes")
-    with open(tmp_path / "obj", "r+b") as handle:
-        handle.write(b"P")
+    damage_in_place(tmp_path / "obj", 0, b"P")
     result = cli("verify", str(tmp_path / "obj"))
     assert result.returncode == 1
     assert "corrupt:" in result.stderr

@@ -19,6 +19,10 @@ from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.uris import local_path
 
 _XATTR_PREFIX = "user."
+# The file's modification time when this package wrote it. A tool that rewrites the file in place
+# (the reference SDK does) keeps the extended attributes but changes the time: the record is then
+# stale, and the object is treated like any object written by another tool.
+_STAMP_KEY = "flyte_checkpoint_mtime_ns"
 _TEMP_SUFFIX = ".fc-tmp"
 _XATTR_UNSUPPORTED = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.E2BIG, errno.ENOSPC}
 
@@ -109,7 +113,8 @@ class LocalWriter(ObjectWriter):
         with translated_os_errors(self.uri, "saving"):
             self._file.flush()
             self._file.close()
-            _set_metadata(self._fd, self.metadata)
+            stamp = str(os.fstat(self._fd).st_mtime_ns)
+            _set_metadata(self._fd, {**self.metadata, _STAMP_KEY: stamp})
             os.fsync(self._fd)
             # Still holding the lock, so no sweep can remove the temp file before the rename.
             os.replace(self._temp, self._dest)
@@ -221,10 +226,14 @@ class LocalBackend(Backend):
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             return None
+        metadata = _get_metadata(fd)
+        stamp = metadata.pop(_STAMP_KEY, None)
+        if stamp is not None and stamp != str(status.st_mtime_ns):
+            metadata = {}  # rewritten by another tool since we wrote it: the record is stale
         return ObjectInfo(
             uri=uri,
             size=status.st_size,
-            metadata=_get_metadata(fd),
+            metadata=metadata,
             modified=datetime.fromtimestamp(status.st_mtime, tz=timezone.utc),
         )
 

@@ -305,11 +305,6 @@ def test_bytes_saved_by_ours_load_with_the_sdk_helper_as_payload(tmp_path: Path)
     assert restored.read_bytes() == b"state from flyte_checkpoint"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: the SDK rewrites a local object in place, so the format and digest ours recorded "
-    "in its extended attributes go stale and the next load reports it corrupt (see the report)",
-)
 def test_an_sdk_save_over_an_object_ours_wrote_loads_with_ours(tmp_path: Path) -> None:
     with flyte_checkpoint.Checkpoint(str(tmp_path / "object")) as ours:
         ours.save_sync(b"saved by flyte_checkpoint first")

@@ -91,6 +91,9 @@ class Outcome:
 Loader = Callable[[bytes, dict[str, bytes]], Outcome]
 
 
+STAMP = "user.flyte_checkpoint_mtime_ns"
+
+
 @pytest.fixture
 def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Loader:
     """Write ``data`` as a fresh object (with the given xattrs), load it, check the invariants."""
@@ -105,6 +108,9 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Loader:
             out.write(data)
         for name, value in xattrs.items():
             os.setxattr(source, name, value)
+        if STAMP in xattrs:  # damaged where it lies, as bit rot does: the time it was written stays
+            stamp = int(xattrs[STAMP])
+            os.utime(source, ns=(stamp, stamp))
         checkpoint = Checkpoint(str(tmp_path / "unused"), str(source))
         try:
             error: CheckpointCorruptError | None = None

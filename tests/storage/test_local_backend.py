@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from flyte_checkpoint import CheckpointCorruptError
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object
 from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.local import remove_stale_temp_files, temp_files_for
+from tests.conftest import damage_in_place, truncate_in_place
 
 
 def write(uri: str, data: bytes, fmt: str = "payload") -> None:
@@ -78,8 +80,7 @@ def test_the_format_and_digest_are_recorded_with_the_object(tmp_path: Path) -> N
 def test_a_read_of_altered_bytes_fails_the_digest_check(tmp_path: Path) -> None:
     target = tmp_path / "obj"
     write(str(target), b"abcdef")
-    with open(target, "r+b") as handle:
-        handle.write(b"X")
+    damage_in_place(target, 0, b"X")
     reader = backend_for(str(target)).open_read(str(target))
     assert reader is not None
     with reader, pytest.raises(CheckpointCorruptError, match="sha256"):
@@ -89,7 +90,7 @@ def test_a_read_of_altered_bytes_fails_the_digest_check(tmp_path: Path) -> None:
 def test_a_read_of_a_truncated_object_fails_the_size_check(tmp_path: Path) -> None:
     target = tmp_path / "obj"
     write(str(target), b"abcdef")
-    os.truncate(target, 3)
+    truncate_in_place(target, 3)
     reader = backend_for(str(target)).open_read(str(target))
     assert reader is not None
     with reader, pytest.raises(CheckpointCorruptError, match="read 3 bytes"):
@@ -164,3 +165,26 @@ def test_an_unwritable_directory_is_a_permission_error_naming_the_path() -> None
     finally:
         locked.chmod(0o755)
         shutil.rmtree(locked)
+
+
+def test_an_object_rewritten_in_place_by_another_tool_is_read_without_the_stale_record(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"ours, with a digest", fmt="archive")
+    time.sleep(0.01)  # a later write gets a later modification time
+    with open(target, "wb") as handle:  # what the reference SDK does: same inode, xattrs kept
+        handle.write(b"theirs")
+    info = backend_for(str(target)).info(str(target))
+    assert info is not None
+    assert info.recorded_digest is None
+    assert info.recorded_format is None
+
+
+def test_an_object_damaged_where_it_lies_keeps_its_record(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"ours, with a digest")
+    damage_in_place(target, 0, b"O")
+    info = backend_for(str(target)).info(str(target))
+    assert info is not None
+    assert info.recorded_digest is not None
