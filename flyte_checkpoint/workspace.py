@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import sys
@@ -13,6 +15,56 @@ from pathlib import Path, PosixPath
 from flyte_checkpoint.errors import CheckpointClosedError
 
 WORKSPACE_PREFIX = "flyte-cp-"
+_LOCK_SUFFIX = ".lock"
+
+
+def _lock_file(directory: Path) -> Path:
+    return directory.with_name(directory.name + _LOCK_SUFFIX)
+
+
+def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
+    """Remove workspaces whose process died without cleaning up; return how many.
+
+    Every workspace has a lock file beside it (``flyte-cp-XXXX.lock``), held with ``flock`` for
+    the workspace's lifetime; the kernel drops the lock when the process dies, so a workspace
+    whose lock can be taken was abandoned (a SIGKILLed load, say). Workspaces of other tools with
+    the same prefix have no lock file and are left alone.
+    """
+    removed = 0
+    root = Path(temp_dir or tempfile.gettempdir())
+    for lock in root.glob(f"{WORKSPACE_PREFIX}*{_LOCK_SUFFIX}"):
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(fd), os.lstat(lock)):
+                _remove_tree(str(lock.with_name(lock.name[: -len(_LOCK_SUFFIX)])))
+                os.unlink(lock)
+                removed += 1
+        except OSError:
+            pass  # held by a live workspace, or removed meanwhile
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _create_locked_workspace() -> tuple[Path, int]:
+    """A new workspace directory and the descriptor holding its lock."""
+    sweep_abandoned_workspaces()
+    while True:
+        directory = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX))
+        lock = _lock_file(directory)
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # A concurrent sweep may have taken the lock file between its creation and our lock.
+        try:
+            if directory.is_dir() and os.path.samestat(os.fstat(fd), os.lstat(lock)):
+                return directory, fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
 class Workspace:
@@ -25,7 +77,7 @@ class Workspace:
 
     def __init__(self) -> None:
         self._directory: Path | None = None
-        self._finalizer: weakref.finalize[[str], Workspace] | None = None
+        self._finalizer: weakref.finalize[[str, int], Workspace] | None = None
         self._closed = False
 
     def ensure_open(self) -> None:
@@ -41,8 +93,8 @@ class Workspace:
         """The directory, created if it does not exist yet."""
         self.ensure_open()
         if self._directory is None:
-            self._directory = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX))
-            self._finalizer = weakref.finalize(self, _remove_tree, str(self._directory))
+            self._directory, lock_fd = _create_locked_workspace()
+            self._finalizer = weakref.finalize(self, _release, str(self._directory), lock_fd)
         self._directory.mkdir(parents=True, exist_ok=True)
         return self.keep_alive(self._directory)
 
@@ -71,6 +123,15 @@ class Workspace:
         self._closed = True
         if self._finalizer is not None:
             self._finalizer()
+
+
+def _release(directory: str, lock_fd: int) -> None:
+    try:
+        _remove_tree(directory)
+        with contextlib.suppress(OSError):
+            os.unlink(directory + _LOCK_SUFFIX)
+    finally:
+        os.close(lock_fd)
 
 
 def _remove_tree(directory: str) -> None:

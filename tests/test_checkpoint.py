@@ -6,7 +6,10 @@ import asyncio
 import gc
 import io
 import os
+import subprocess
+import sys
 import tarfile
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from flyte_checkpoint import (
     UnsupportedTypeError,
     UnsupportedURIError,
 )
+from flyte_checkpoint.workspace import sweep_abandoned_workspaces
 from tests.conftest import tree_of
 
 
@@ -419,3 +423,33 @@ def test_each_save_and_load_logs_one_info_line_with_size_and_speed(
     lines = [r.getMessage() for r in caplog.records if r.name == "flyte_checkpoint"]
     assert any(line.startswith(f"saved {target} bytes: 0.0 MiB in") and "MiB/s" in line for line in lines)
     assert any(line.startswith(f"loaded {target} into") for line in lines)
+
+
+def test_a_workspace_abandoned_by_a_killed_process_is_removed_by_the_next_one(tmp_path: Path) -> None:
+    script = (
+        "import os, signal\n"
+        "from flyte_checkpoint import Checkpoint\n"
+        "cp = Checkpoint('unused')\n"
+        "print(cp.path, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    abandoned = Path(result.stdout.strip())
+    assert abandoned.is_dir()
+    assert sweep_abandoned_workspaces(str(tmp_path)) == 1
+    assert not abandoned.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_live_workspace_is_never_swept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with Checkpoint("unused") as first:
+        workspace = Path(str(first.path))
+        assert sweep_abandoned_workspaces(str(tmp_path)) == 0
+        with Checkpoint("unused") as second:
+            assert Path(str(second.path)) != workspace
+            assert workspace.is_dir()
+    assert list(tmp_path.iterdir()) == []

@@ -103,10 +103,12 @@ def _phase(worker: Worker) -> str:
 
 def _leftovers(tmp: Path) -> tuple[int, tuple[str, ...]]:
     """How many workspaces a killed worker left in ``tmp``, and digests of their payload files."""
-    workspaces = sorted(tmp.glob(f"{WORKSPACE_PREFIX}*"))
+    workspaces = sorted(path for path in tmp.glob(f"{WORKSPACE_PREFIX}*") if path.is_dir())
     payloads = tuple(content_digest(path / "payload") for path in workspaces if (path / "payload").exists())
     for path in workspaces:
         shutil.rmtree(path)
+    for lock in tmp.glob(f"{WORKSPACE_PREFIX}*.lock"):  # what the next workspace would sweep
+        lock.unlink()
     return len(workspaces), payloads
 
 

@@ -248,9 +248,10 @@ Snapshot = dict[str, tuple[str, bytes | str | None, int]]
 def snapshot(root: Path, *, skip: Path | None = None) -> Snapshot:
     """Every entry below ``root`` (not following links): kind, content or target, and mode.
 
-    ``skip`` (a workspace) is left out with everything below it.
+    ``skip`` (a workspace) is left out with everything below it, and so is its lock file.
     """
     entries: Snapshot = {}
+    skip_lock = skip.with_name(skip.name + ".lock") if skip is not None else None
     for directory, dirnames, filenames in os.walk(root):
         here = Path(directory)
         if skip is not None and here == skip:
@@ -258,7 +259,7 @@ def snapshot(root: Path, *, skip: Path | None = None) -> Snapshot:
             continue
         for name in [*dirnames, *filenames]:
             path = here / name
-            if skip is not None and path == skip:
+            if skip is not None and path in (skip, skip_lock):
                 continue
             status = os.lstat(path)
             relative = path.relative_to(root).as_posix()

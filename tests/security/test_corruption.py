@@ -121,7 +121,10 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Loader:
             if error is not None:
                 assert str(source) in str(error), f"the error should name the source: {error}"
                 assert list(checkpoint.path.iterdir()) == [], "a refused load leaves the workspace empty"
-                assert sorted(os.listdir(temp)) == [checkpoint.path.name], "nothing beside the workspace"
+                workspace = checkpoint.path.name
+                assert sorted(os.listdir(temp)) == [workspace, f"{workspace}.lock"], (
+                    "nothing but the workspace"
+                )
                 return Outcome(error, None, None)
             assert restored is not None, "a damaged, non-empty object never means 'no checkpoint'"
             if restored.name == PAYLOAD_BASENAME:
