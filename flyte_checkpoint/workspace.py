@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import sys
 import tempfile
 import weakref
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path, PosixPath
 
 from flyte_checkpoint.errors import CheckpointClosedError
+from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
 
 WORKSPACE_PREFIX = "flyte-cp-"
 _LOCK_SUFFIX = ".lock"
@@ -30,24 +31,16 @@ def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
     whose lock can be taken was abandoned (a SIGKILLed load, say). Workspaces of other tools with
     the same prefix have no lock file and are left alone.
     """
-    removed = 0
     root = Path(temp_dir or tempfile.gettempdir())
-    for lock in root.glob(f"{WORKSPACE_PREFIX}*{_LOCK_SUFFIX}"):
-        try:
-            fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.lstat(lock)):
-                _remove_tree(str(lock.with_name(lock.name[: -len(_LOCK_SUFFIX)])))
-                os.unlink(lock)
-                removed += 1
-        except OSError:
-            pass  # held by a live workspace, or removed meanwhile
-        finally:
-            os.close(fd)
-    return removed
+    return sum(
+        remove_if_abandoned(lock, partial(_release_files, lock))
+        for lock in root.glob(f"{WORKSPACE_PREFIX}*{_LOCK_SUFFIX}")
+    )
+
+
+def _release_files(lock: Path) -> None:
+    _remove_tree(str(lock.with_name(lock.name[: -len(_LOCK_SUFFIX)])))
+    os.unlink(lock)
 
 
 def _create_locked_workspace() -> tuple[Path, int]:
@@ -55,16 +48,11 @@ def _create_locked_workspace() -> tuple[Path, int]:
     sweep_abandoned_workspaces()
     while True:
         directory = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX))
-        lock = _lock_file(directory)
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        # A concurrent sweep may have taken the lock file between its creation and our lock.
-        try:
-            if directory.is_dir() and os.path.samestat(os.fstat(fd), os.lstat(lock)):
-                return directory, fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+        fd = create_locked(_lock_file(directory))
+        if fd is not None and directory.is_dir():
+            return directory, fd
+        if fd is not None:
+            os.close(fd)
 
 
 class Workspace:

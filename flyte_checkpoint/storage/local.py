@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import shutil
 import stat
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 from flyte_checkpoint.errors import CheckpointStorageError
+from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
 from flyte_checkpoint.storage.base import Backend, ObjectInfo, ObjectWriter, VerifyingReader
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.uris import local_path
@@ -46,26 +47,7 @@ def remove_stale_temp_files(dest: Path) -> int:
     A writer holds an exclusive ``flock`` on its temp file until it has renamed it, and the kernel
     drops that lock when the process dies, so a file we can lock is one nobody is writing.
     """
-    removed = 0
-    for temp in temp_files_for(dest):
-        try:
-            fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
-        try:
-            if os.path.samestat(os.fstat(fd), os.lstat(temp)):
-                os.unlink(temp)
-                removed += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return removed
+    return sum(remove_if_abandoned(temp, partial(os.unlink, temp)) for temp in temp_files_for(dest))
 
 
 class LocalWriter(ObjectWriter):
@@ -95,15 +77,9 @@ class LocalWriter(ObjectWriter):
     def _create_locked_temp(self) -> tuple[Path, int]:
         while True:
             temp = self._dest.parent / f".{self._dest.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}"
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # A concurrent stale-file sweep may have unlinked it between open and lock.
-            try:
-                if os.path.samestat(os.fstat(fd), os.lstat(temp)):
-                    return temp, fd
-            except FileNotFoundError:
-                pass
-            os.close(fd)
+            fd = create_locked(temp, 0o644)
+            if fd is not None:
+                return temp, fd
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         with translated_os_errors(self.uri, "saving"):
