@@ -33,7 +33,7 @@ class Snapshot:
 
     data: bytes | Path
     owned_root: Path | None = None
-    stamps: dict[Path, _Stamp] = field(default_factory=dict)
+    stamps: dict[str, _Stamp] = field(default_factory=dict)
     progress: ProgressCallback | None = None
 
     def verify_unchanged(self) -> None:
@@ -45,9 +45,10 @@ class Snapshot:
                 now = (-1, -1)
             if now != stamp:
                 raise InputChangedError(
-                    f"{path.name} was modified in place while a background save was uploading it, "
-                    "so that save was discarded and the previous checkpoint kept; write new files "
-                    "and rename them (as torch.save to a new name does) or wait() before rewriting"
+                    f"{os.path.basename(path)} was modified in place while a background save was "
+                    "uploading it, so that save was discarded and the previous checkpoint kept; write "
+                    "new files and rename them (as torch.save to a new name does) or wait() before "
+                    "rewriting"
                 )
 
     def discard(self) -> None:
@@ -100,32 +101,32 @@ def take_snapshot(data: bytes | Path, scratch: Path) -> Snapshot:
 
 
 def _mirror(source: Path, target: Path, snapshot: Snapshot, *, link: bool) -> None:
-    status = os.stat(source)
-    if stat.S_ISREG(status.st_mode):
+    if stat.S_ISREG(os.stat(source).st_mode):
         _place_file(source, target, snapshot, link=link)
         return
-    target.mkdir()
-    for directory, dirnames, filenames in os.walk(source):
-        relative = Path(directory).relative_to(source)
-        for name in sorted(dirnames):
-            entry = Path(directory) / name
-            if os.path.islink(entry):
-                os.symlink(_link_target(entry, source), target / relative / name)
+    # Plain string paths and one scandir per directory: with pathlib and os.walk, path objects
+    # cost as much as the links themselves, and a background save's caller waits for all of it.
+    pending = [(str(source), str(target))]
+    while pending:
+        directory, mirrored = pending.pop()
+        os.mkdir(mirrored)
+        with os.scandir(directory) as scan:
+            entries = sorted(scan, key=lambda entry: entry.name)
+        for entry in entries:
+            destination = os.path.join(mirrored, entry.name)
+            if entry.is_symlink():
+                os.symlink(_link_target(Path(entry.path), source), destination)
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append((entry.path, destination))
+            elif entry.is_file(follow_symlinks=False):
+                _place_file(entry.path, destination, snapshot, link=link)
             else:
-                (target / relative / name).mkdir()
-        for name in sorted(filenames):
-            entry = Path(directory) / name
-            mode = os.lstat(entry).st_mode
-            if stat.S_ISLNK(mode):
-                os.symlink(_link_target(entry, source), target / relative / name)
-            elif stat.S_ISREG(mode):
-                _place_file(entry, target / relative / name, snapshot, link=link)
-            else:
+                mode = entry.stat(follow_symlinks=False).st_mode
                 raise InvalidCheckpointInputError(
-                    f"cannot save {entry}: it is a {describe_mode(mode)}, which a checkpoint cannot hold"
+                    f"cannot save {entry.path}: it is a {describe_mode(mode)}, which a checkpoint cannot hold"
                 )
         with contextlib.suppress(OSError):
-            shutil.copystat(directory, target / relative, follow_symlinks=False)
+            shutil.copystat(directory, mirrored, follow_symlinks=False)
 
 
 def _link_target(link: Path, source: Path) -> str:
@@ -140,9 +141,9 @@ def _link_target(link: Path, source: Path) -> str:
     return target
 
 
-def _place_file(source: Path, target: Path, snapshot: Snapshot, *, link: bool) -> None:
+def _place_file(source: str | Path, target: str | Path, snapshot: Snapshot, *, link: bool) -> None:
     if link:
         os.link(source, target, follow_symlinks=False)
-        snapshot.stamps[target] = _stamp(os.lstat(target))
+        snapshot.stamps[os.fspath(target)] = _stamp(os.lstat(target))
     else:
         shutil.copy2(source, target, follow_symlinks=False)
