@@ -69,7 +69,7 @@ def rank_saves(checkpoint_dir: str, version_id: str, rank: int, results: Any) ->
     """A rank's save: its position comes from RANK, its bytes go straight to storage."""
     as_launched_by_torchrun(rank)
     ack = write_part(checkpoint_dir, None, Shard.trained(rank, STEP), version_id=version_id)
-    results.put((rank, f"wrote part {ack.position}: {ack.size} bytes, sha256 {ack.sha256[:12]}"))
+    results.put((rank, f"wrote part {ack.position}: {ack.size} bytes, digest {ack.digest}"))
 
 
 def rank_restores(checkpoint_dir: str, version_id: str, rank: int, results: Any) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import hashlib
 import logging
 import os
 import stat
@@ -27,7 +26,17 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.restore import restore_object
 from flyte_checkpoint.snapshot import Snapshot, take_snapshot
-from flyte_checkpoint.storage import FORMAT_KEY, SIZE_KEY, Backend, ObjectWriter, StorageOptions, backend_for
+from flyte_checkpoint.storage import (
+    COPY_CHUNK,
+    FORMAT_KEY,
+    SIZE_KEY,
+    Backend,
+    ObjectWriter,
+    StorageOptions,
+    backend_for,
+)
+from flyte_checkpoint.storage.base import ReadsInto
+from flyte_checkpoint.storage.digests import ContentDigest, digest_of
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
@@ -39,7 +48,6 @@ CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
 """The key under which :attr:`TaskContext.checkpoint` caches its helper in ``TaskContext.data``."""
 
 SaveData = Path | str | bytes
-_COPY_CHUNK = 1 << 20
 
 
 class BaseCheckpoint(abc.ABC):
@@ -303,9 +311,7 @@ class Checkpoint(BaseCheckpoint):
     def _upload_once(self, snapshot: Snapshot) -> tuple[str, int]:
         content = snapshot.data
         if isinstance(content, bytes):
-            with self._open_writer(
-                "payload", snapshot, len(content), hashlib.sha256(content).hexdigest()
-            ) as writer:
+            with self._open_writer("payload", snapshot, len(content), digest_of(content)) as writer:
                 writer.write(content)
             return "bytes", writer.tell()
         if content.is_dir():
@@ -319,11 +325,10 @@ class Checkpoint(BaseCheckpoint):
             if self._dest_backend.records_digest_only_when_declared:
                 # S3 and GCS store metadata when the upload starts: hash first, so the digest
                 # can travel with the object (and a file rewritten meanwhile aborts the upload).
-                digest = _sha256_of(source)
+                digest = _digest_of_stream(source)
                 source.seek(0)
             with self._open_writer("payload", snapshot, size, digest) as writer:
-                while chunk := source.read(_COPY_CHUNK):
-                    writer.write(chunk)
+                writer.write_from(source)
                 snapshot.verify_unchanged()
         return f"file {content}", writer.tell()
 
@@ -390,11 +395,12 @@ def _validated(data: SaveData) -> bytes | Path:
     return path
 
 
-def _sha256_of(source: IO[bytes]) -> str:
-    digest = hashlib.sha256()
-    while chunk := source.read(_COPY_CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest()
+def _digest_of_stream(source: ReadsInto) -> str:
+    digest = ContentDigest()
+    buffer = memoryview(bytearray(COPY_CHUNK))
+    while count := source.readinto(buffer):
+        digest.update(buffer[:count])
+    return digest.value
 
 
 def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:

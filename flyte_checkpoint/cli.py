@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify = command(
         "verify",
         "check a stored checkpoint end to end",
-        "Read the whole object and run every check its format has (recorded size and sha256, "
+        "Read the whole object and run every check its format has (recorded size and digest, "
         "gzip CRC, tar structure). Exit 0 when sound, 1 when damaged, 2 when absent or unreadable.",
     )
     verify.add_argument("uri", metavar="URI")
@@ -191,7 +191,7 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"format:    {_describe_kind(report.kind)}")
     print(f"size:      {report.size} bytes ({report.size / (1 << 20):.1f} MiB)")
     print(f"modified:  {report.modified.isoformat() if report.modified else 'unknown'}")
-    print(f"sha256:    {report.recorded_sha256 or 'not recorded'}")
+    print(f"digest:    {report.recorded_digest or 'not recorded'}")
     if report.verified is not None or args.verify:
         verdict = "yes, every check passed" if report.verified else "read whole, nothing recorded to check"
         print(f"verified:  {verdict}")
@@ -226,7 +226,7 @@ def _verify(args: argparse.Namespace) -> int:
     if report.kind == "empty":
         print(f"absent: {args.uri} is empty, which means no checkpoint", file=sys.stderr)
         return EXIT_UNREADABLE
-    checks = (["sha256"] if report.recorded_sha256 else []) + (
+    checks = ([report.recorded_digest.partition(":")[0]] if report.recorded_digest else []) + (
         ["gzip CRC", "tar structure"] if report.kind == "archive" else []
     )
     print(f"ok: {args.uri} ({report.size} bytes; checked: {', '.join(checks) or 'readable only'})")

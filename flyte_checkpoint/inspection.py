@@ -37,7 +37,8 @@ class ObjectReport(BaseModel):
     size: int
     modified: datetime | None = None
     recorded_format: str | None = None
-    recorded_sha256: str | None = None
+    recorded_digest: str | None = None
+    """The labelled digest recorded with the object (``"crc32:..."``), if any."""
     verified: bool | None = None
     """``True`` when the whole object was read and every check it has passed; ``None`` if not read."""
     members: list[MemberInfo] | None = None
@@ -75,7 +76,7 @@ def inspect_object(
             size=info.size,
             modified=info.modified,
             recorded_format=info.recorded_format,
-            recorded_sha256=info.recorded_digest,
+            recorded_digest=info.recorded_digest,
         )
         if info.size == 0:
             return report

@@ -388,12 +388,12 @@ def test_the_workspace_goes_once_the_last_returned_path_is_dropped(tmp_path: Pat
 
 def test_file_save_progress_reports_growing_counts_up_to_the_total(tmp_path: Path) -> None:
     source = tmp_path / "weights.bin"
-    source.write_bytes(os.urandom(5 << 20))
+    source.write_bytes(os.urandom(24 << 20))
     reports: list[tuple[int, int | None]] = []
     Checkpoint(str(tmp_path / "obj")).save_sync(
         source, progress=lambda done, total: reports.append((done, total))
     )
-    assert reports[-1] == (5 << 20, 5 << 20)
+    assert reports[-1] == (24 << 20, 24 << 20)
     assert [done for done, _ in reports] == sorted(done for done, _ in reports)
     assert len(reports) >= 5
 

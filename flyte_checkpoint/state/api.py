@@ -147,7 +147,7 @@ def _store_job(
             name=name,
             part_id=os.urandom(16).hex(),
             size=written.size,
-            sha256=written.sha256,
+            digest=written.digest,
             encoding=payload.encoding,
         )
 
@@ -170,7 +170,7 @@ def load_checkpoint(
     Validates before touching any state, in this order: the checkpoint exists
     (``FileNotFoundError``), it is committed (``FileNotFoundError`` saying a save never
     committed), the part count equals ``len(parts)`` (``ValueError`` naming both counts), and
-    every part is present and matches its recorded size and sha256
+    every part is present and matches its recorded size and digest
     (:class:`~flyte_checkpoint.CheckpointCorruptError`). Every part is fetched and decoded first;
     only then are the states applied, under ``lock`` when given. If applying any part fails, every
     component is rolled back to exactly what it held before. Returns the user metadata.
@@ -237,7 +237,7 @@ def verify_checkpoint(
     """Check the committed checkpoint without restoring anything; returns its manifest.
 
     Raises like :func:`load_checkpoint`: not found, not committed, a part count other than
-    ``world_size`` (when given), a part missing or not matching its recorded size and sha256.
+    ``world_size`` (when given), a part missing or not matching its recorded size and digest.
     ``read_parts=False`` checks each part's presence and size only (plus its digest where the
     backend records one), without reading the parts. A coordinator can verify first, then hand
     ``manifest.version_id`` to its ranks' :func:`load_part` so all of them read the same version.
@@ -278,8 +278,8 @@ def _verify_job(layout: Layout, manifest: Manifest, position: int | None, read: 
                 f"{label} is missing: the manifest names {uri}, which does not exist"
             )
         if info.size != record.size or (
-            info.recorded_digest is not None and info.recorded_digest != record.sha256
+            info.recorded_digest is not None and info.recorded_digest != record.digest
         ):
-            raise CheckpointCorruptError(f"{label} is damaged: {uri} does not match its size or sha256")
+            raise CheckpointCorruptError(f"{label} is damaged: {uri} does not match its size or digest")
 
     return verify

@@ -258,7 +258,7 @@ def store_controller(layout: Layout, version_id: str, payload: Payload) -> PartR
         name=CONTROLLER_NAME,
         part_id=os.urandom(8).hex(),
         size=written.size,
-        sha256=written.sha256,
+        digest=written.digest,
         encoding=payload.encoding,
     )
 
@@ -434,9 +434,9 @@ def _accept_ack(layout: Layout, version_id: str, position: int, uri: str, conseq
     info = layout.backend.info(layout.object_uri(version_id, ack.name))
     if info is None:
         raise part_failed(position, "it was acknowledged, but its object is missing", consequence)
-    if info.size != ack.size or (info.recorded_digest is not None and info.recorded_digest != ack.sha256):
+    if info.size != ack.size or (info.recorded_digest is not None and info.recorded_digest != ack.digest):
         raise part_failed(
-            position, "its stored object does not match its acknowledgement (size or sha256)", consequence
+            position, "its stored object does not match its acknowledgement (size or digest)", consequence
         )
     return ack
 

@@ -17,6 +17,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flyte_checkpoint.errors import CheckpointCorruptError, InvalidCheckpointInputError
+from flyte_checkpoint.storage.digests import LABELLED_DIGEST_PATTERN
 
 FORMAT_VERSION: Literal[1] = 1
 """The layout version this code writes and reads."""
@@ -42,7 +43,8 @@ class PartRecord(_Record):
     part_id: str = Field(min_length=1)
     """A fresh random id per write, telling two writes of the same position apart."""
     size: int = Field(ge=0)
-    sha256: str = Field(pattern=_SHA256_PATTERN)
+    digest: str = Field(pattern=LABELLED_DIGEST_PATTERN)
+    """The labelled digest of the stored bytes (``"crc32:..."``), checked on every load."""
     encoding: str = Field(min_length=1)
     """How the bytes were produced: a serializer's name (``"pickle"``), ``"bytes"`` (raw bytes
     given by the caller) or ``"file"`` (a file the component or caller wrote itself)."""

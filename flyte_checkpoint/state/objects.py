@@ -6,7 +6,6 @@ so a part is verified on every backend, including object stores that keep no met
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from flyte_checkpoint.errors import CheckpointCorruptError
 from flyte_checkpoint.state.components import Payload
 from flyte_checkpoint.state.manifest import PartRecord
 from flyte_checkpoint.storage import DIGEST_KEY, Backend
+from flyte_checkpoint.storage.digests import ContentDigest
 from flyte_checkpoint.storage.retry import RetryPolicy
 
 _CHUNK = 1 << 20
@@ -26,7 +26,7 @@ times; everything this layer writes is restartable, because payloads are bytes o
 @dataclass(frozen=True)
 class Written:
     size: int
-    sha256: str
+    digest: str
 
 
 def write_object(backend: Backend, uri: str, payload: Payload) -> Written:
@@ -39,15 +39,14 @@ def _write_once(backend: Backend, uri: str, payload: Payload) -> Written:
     try:
         if isinstance(payload.data, Path):
             with payload.data.open("rb") as source:
-                while chunk := source.read(_CHUNK):
-                    writer.write(chunk)
+                writer.write_from(source)
         else:
             writer.write(payload.data)
     except BaseException:
         writer.abort()
         raise
     info = writer.commit()
-    return Written(size=info.size, sha256=info.metadata[DIGEST_KEY])
+    return Written(size=info.size, digest=info.metadata[DIGEST_KEY])
 
 
 def write_record(backend: Backend, uri: str, data: bytes) -> Written:
@@ -69,7 +68,7 @@ def _read_all(backend: Backend, uri: str) -> bytes | None:
 
 
 def fetch_bytes(backend: Backend, uri: str, record: PartRecord, label: str) -> bytes:
-    """The object ``record`` describes, checked against the manifest's size and sha256."""
+    """The object ``record`` describes, checked against the manifest's size and digest."""
 
     def once() -> bytes:
         chunks: list[bytes] = []
@@ -101,7 +100,7 @@ def _stream(
     reader = backend.open_read(uri)
     if reader is None:
         raise CheckpointCorruptError(f"{label} is missing: the manifest names {uri}, which does not exist")
-    digest = hashlib.sha256()
+    digest = ContentDigest.like(record.digest, where=f"{label} ({uri})")
     size = 0
     with reader:
         while chunk := reader.read(_CHUNK):
@@ -116,7 +115,7 @@ def _stream(
         raise CheckpointCorruptError(
             f"{label} is damaged: {uri} holds {size} bytes, but {record.size} were recorded"
         )
-    if digest.hexdigest() != record.sha256:
+    if digest.value != record.digest:
         raise CheckpointCorruptError(
-            f"{label} is damaged: the sha256 of {uri} does not match the one in the manifest"
+            f"{label} is damaged: the content of {uri} does not match the digest in the manifest"
         )

@@ -1,7 +1,7 @@
 """What a rank (a process that owns one part) calls: write its part, read it back, restore it.
 
 A part writer is given only the checkpoint directory, the save's version id and its position; it
-stores its part itself and leaves an acknowledgement (size, sha256, no payload) for the
+stores its part itself and leaves an acknowledgement (size, digest, no payload) for the
 coordinator's :func:`~flyte_checkpoint.state.commit`. When it fails, it leaves the cause instead,
 so the coordinator raises at once rather than waiting for a part that will never come.
 """
@@ -103,7 +103,7 @@ def write_part(
     ``position=None`` uses this process's rank (``RANK``, see :class:`~flyte_checkpoint.TaskContext`).
     ``data`` is raw bytes, a local file ``Path`` (stored as is), or a component: its
     ``state_dict()`` is serialised (under ``lock`` when given), or its ``save_to_path(path)`` writes
-    the part. Returns the acknowledgement (position, part id, size, sha256); the part's bytes go
+    the part. Returns the acknowledgement (position, part id, size, digest); the part's bytes go
     straight to storage, never through the coordinator.
 
     On failure the cause is recorded for the coordinator, whose :func:`commit` then raises at
@@ -124,7 +124,7 @@ def write_part(
             name=name,
             part_id=uuid.uuid4().hex,
             size=written.size,
-            sha256=written.sha256,
+            digest=written.digest,
             encoding=payload.encoding,
         )
         record = AckRecord(position=index, ok=True, part=ack, pid=os.getpid(), host=host_name())
@@ -172,7 +172,7 @@ def read_part(
     storage_options: StorageOptions | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> bytes:
-    """The bytes of one part of the committed checkpoint, checked against the manifest's sha256.
+    """The bytes of one part of the committed checkpoint, checked against the manifest's digest.
 
     ``position=None`` reads this process's rank, and then the checkpoint's part count must equal
     ``WORLD_SIZE`` (or ``world_size`` when given). ``version_id`` (e.g. from the coordinator's

@@ -1,7 +1,7 @@
 """Transactional restore: stage every part (fetch, verify, decode), then apply, rolling back on failure.
 
 Nothing touches a component until every part it will receive has been read to its end, matched
-the manifest's size and sha256, and been decoded. Applying then captures each component's current
+the manifest's size and digest, and been decoded. Applying then captures each component's current
 state first, so a failure while applying any part (the last one included) restores every
 component, the failing one too, to exactly what it held before the load.
 """

@@ -8,12 +8,16 @@ through fsspec.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
+from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.storage.base import (
+    COPY_CHUNK,
     DIGEST_KEY,
     FORMAT_KEY,
+    FSYNC_OPTION,
     SIZE_KEY,
     Backend,
     ObjectInfo,
@@ -27,8 +31,11 @@ from flyte_checkpoint.uris import check_supported, is_local
 StorageOptions = Mapping[str, Any]
 
 __all__ = [
+    "COPY_CHUNK",
     "DIGEST_KEY",
     "FORMAT_KEY",
+    "FSYNC_ENV",
+    "FSYNC_OPTION",
     "SIZE_KEY",
     "Backend",
     "ObjectInfo",
@@ -39,14 +46,33 @@ __all__ = [
     "copy_object",
 ]
 
-_LOCAL = LocalBackend()
+FSYNC_ENV = "FLYTE_CHECKPOINT_FSYNC"
+_LOCAL = {fsync: LocalBackend(fsync=fsync) for fsync in (False, True)}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def local_fsync(storage_options: StorageOptions | None) -> bool:
+    """Whether local writes fsync: the ``fsync`` storage option, else ``FLYTE_CHECKPOINT_FSYNC``."""
+    given = (storage_options or {}).get(FSYNC_OPTION)
+    if isinstance(given, bool):
+        return given
+    if given is not None:
+        raise ConfigurationError(f"storage option {FSYNC_OPTION!r} must be True or False, not {given!r}")
+    raw = os.environ.get(FSYNC_ENV, "").strip().lower()
+    if raw in _TRUE | _FALSE:
+        return raw in _TRUE
+    raise ConfigurationError(
+        f"{FSYNC_ENV}={os.environ[FSYNC_ENV]!r} is not a yes/no value; set it to 1 (fsync every "
+        "local checkpoint write) or 0 (the default: atomic, not synced to disk)"
+    )
 
 
 def backend_for(uri: str, storage_options: StorageOptions | None = None) -> Backend:
     """The backend that serves ``uri``; raises a clear error for unsupported schemes."""
     check_supported(uri)
     if is_local(uri):
-        return _LOCAL
+        return _LOCAL[local_fsync(storage_options)]
     from flyte_checkpoint.storage.remote import FsspecBackend, backend_protocol
 
     return FsspecBackend(backend_protocol(uri), storage_options)
@@ -66,14 +92,15 @@ def copy_object(
     """
     source = backend_for(src, src_options)
     target = backend_for(dst, dst_options)
-    if source is target or (
+    both_local = isinstance(source, LocalBackend) and isinstance(target, LocalBackend)
+    if both_local or (
         not isinstance(source, LocalBackend)
         and type(source) is type(target)
         and getattr(source, "fs", None) is getattr(target, "fs", None)
     ):
         if source.info(src) is None:
             return False
-        source.copy(src, dst)
+        target.copy(src, dst)
         return True
     reader = source.open_read(src)
     if reader is None:

@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import hashlib
 import io
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointUnavailableError, InputChangedError
 from flyte_checkpoint.progress import ProgressReporter
+from flyte_checkpoint.storage.digests import ContentDigest
 
 # Metadata keys stored with every object this package writes. They let a reader verify the
 # bytes (digest, size) and know the format without guessing from the content.
 FORMAT_KEY = "flyte_checkpoint_format"
-DIGEST_KEY = "flyte_checkpoint_sha256"
+DIGEST_KEY = "flyte_checkpoint_digest"
 SIZE_KEY = "flyte_checkpoint_size"
+COPY_CHUNK = 4 << 20
+"""Bytes per read when streaming one object or file into another."""
+
+FSYNC_OPTION = "fsync"
+"""Storage option (and, as ``FLYTE_CHECKPOINT_FSYNC``, environment variable) that makes local
+writes durable against power loss, not only atomic. Object stores ignore it: they are durable
+once an upload completes."""
+
+
+class ReadsInto(Protocol):
+    """A binary stream that can fill a caller's buffer (files, :class:`VerifyingReader`)."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
 
 
 class ObjectInfo(BaseModel):
@@ -38,7 +51,7 @@ class ObjectInfo(BaseModel):
 
     @property
     def recorded_digest(self) -> str | None:
-        """The sha256 recorded when this package wrote the object, if the backend kept it."""
+        """The labelled digest (``"crc32:..."``) recorded when this package wrote the object, if kept."""
         return self.metadata.get(DIGEST_KEY)
 
     @property
@@ -56,7 +69,7 @@ class ObjectWriter(abc.ABC):
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
-        self._digest = hashlib.sha256()
+        self._digest = ContentDigest()
         self._size = 0
         self._finished = False
         self.metadata: dict[str, str] = {}
@@ -64,9 +77,10 @@ class ObjectWriter(abc.ABC):
         self._declared: tuple[str, int] | None = None
 
     def declare(self, digest: str | None, size: int | None) -> None:
-        """Promise the content's sha256 and size; :meth:`commit` refuses anything else."""
+        """Promise the content's labelled digest and size; :meth:`commit` refuses anything else."""
         if digest is not None and size is not None:
             self._declared = (digest, size)
+            self._digest = ContentDigest.like(digest, where=f"the save to {self.uri}")
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data`` to the pending object."""
@@ -76,6 +90,20 @@ class ObjectWriter(abc.ABC):
         if self.progress is not None:
             self.progress.advance(self._size)
         return len(data)
+
+    def write_from(self, source: ReadsInto, chunk_size: int = COPY_CHUNK) -> int:
+        """Append everything ``source`` holds from its position to its end; return the count.
+
+        One buffer is reused for every chunk: allocating a fresh chunk per read cost about 5% of
+        a local file save.
+        """
+        buffer = bytearray(chunk_size)
+        view = memoryview(buffer)
+        total = 0
+        while count := source.readinto(view):
+            self.write(view[:count])
+            total += count
+        return total
 
     def writable(self) -> bool:
         return True
@@ -91,12 +119,12 @@ class ObjectWriter(abc.ABC):
         if self._finished:
             raise RuntimeError(f"write to {self.uri} already finished")
         self._finished = True
-        self.metadata[DIGEST_KEY] = self._digest.hexdigest()
+        self.metadata[DIGEST_KEY] = self._digest.value
         self.metadata[SIZE_KEY] = str(self._size)
         if self._declared is not None and self._declared != (self.metadata[DIGEST_KEY], self._size):
             self._abort()
             raise InputChangedError(
-                f"the data saved to {self.uri} changed while it was being uploaded (its sha256 or "
+                f"the data saved to {self.uri} changed while it was being uploaded (its digest or "
                 "size differs from the one measured before), so the upload was discarded and the "
                 "previous checkpoint kept; do not rewrite a file while it is being saved"
             )
@@ -159,7 +187,8 @@ class VerifyingReader(io.RawIOBase):
         self._translate_errors = translate_errors
         self._stream = stream
         self.info = info
-        self._digest = hashlib.sha256() if info.recorded_digest else None
+        recorded = info.recorded_digest
+        self._digest = ContentDigest.like(recorded, where=f"checkpoint {info.uri}") if recorded else None
         self._size = 0
         self._verified = False
         self.progress: ProgressReporter | None = None
@@ -230,9 +259,9 @@ class VerifyingReader(io.RawIOBase):
                 f"checkpoint {self.info.uri} is damaged: read {self._size} bytes, but "
                 f"{expected_size} were written"
             )
-        if self._digest is not None and self._digest.hexdigest() != self.info.recorded_digest:
+        if self._digest is not None and self._digest.value != self.info.recorded_digest:
             raise CheckpointCorruptError(
-                f"checkpoint {self.info.uri} is damaged: its sha256 does not match the digest "
+                f"checkpoint {self.info.uri} is damaged: its content does not match the digest "
                 "recorded when it was saved"
             )
 
@@ -260,7 +289,7 @@ class Backend(abc.ABC):
     ) -> ObjectWriter:
         """Start an atomic write of one object at ``uri``.
 
-        ``declared_digest``/``declared_size``, when given, are the sha256 and size the content
+        ``declared_digest``/``declared_size``, when given, are the labelled digest and size the content
         will have; the commit is refused if what was written differs.
         """
 
@@ -300,6 +329,5 @@ def copy_stream(reader: VerifyingReader, backend: Backend, dst: str) -> ObjectIn
     digest = reader.info.recorded_digest
     size = reader.info.size if digest else None
     with reader, backend.open_write(dst, metadata, declared_digest=digest, declared_size=size) as writer:
-        while chunk := reader.read(1 << 20):
-            writer.write(chunk)
+        writer.write_from(reader)
     return ObjectInfo(uri=dst, size=writer.tell(), metadata=writer.metadata)

@@ -7,6 +7,7 @@ import errno
 import os
 import shutil
 import stat
+import threading
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -15,15 +16,27 @@ from pathlib import Path
 
 from flyte_checkpoint.errors import CheckpointStorageError
 from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
-from flyte_checkpoint.storage.base import Backend, ObjectInfo, ObjectWriter, VerifyingReader
+from flyte_checkpoint.storage.base import (
+    DIGEST_KEY,
+    FORMAT_KEY,
+    SIZE_KEY,
+    Backend,
+    ObjectInfo,
+    ObjectWriter,
+    VerifyingReader,
+)
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.uris import local_path
 
-_XATTR_PREFIX = "user."
+# Every record of an object in one extended attribute of at most 56 bytes, the space ext4 has
+# inside a 256-byte inode: a larger or second attribute takes a block of its own, whose
+# allocation, and release when the object is next replaced, cost a fifth of a 1 KiB save.
+XATTR_NAME = "user.flyte_checkpoint"
 # The file's modification time when this package wrote it. A tool that rewrites the file in place
 # (the reference SDK does) keeps the extended attributes but changes the time: the record is then
 # stale, and the object is treated like any object written by another tool.
-_STAMP_KEY = "flyte_checkpoint_mtime_ns"
+STAMP_KEY = "flyte_checkpoint_mtime_ns"
+RECORD_FIELDS = (FORMAT_KEY, DIGEST_KEY, SIZE_KEY, STAMP_KEY)
 _TEMP_SUFFIX = ".fc-tmp"
 _XATTR_UNSUPPORTED = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.E2BIG, errno.ENOSPC}
 
@@ -50,27 +63,53 @@ def remove_stale_temp_files(dest: Path) -> int:
     return sum(remove_if_abandoned(temp, partial(os.unlink, temp)) for temp in temp_files_for(dest))
 
 
+_swept: set[Path] = set()
+_swept_lock = threading.Lock()
+
+
+def _sweep_once(dest: Path) -> None:
+    """Remove abandoned temp files of ``dest`` at this process's first save of it.
+
+    Temp files are abandoned by processes that died mid-save, which in practice is the previous
+    attempt of this task: once per process is enough, and spares every later save a listing.
+    """
+    with _swept_lock:
+        if dest in _swept:
+            return
+        _swept.add(dest)
+    remove_stale_temp_files(dest)
+
+
 class LocalWriter(ObjectWriter):
     """Writes into ``.<name>.<random>.fc-tmp`` beside ``dest`` and renames it over ``dest``.
 
     Atomicity: ``os.replace`` within one directory is atomic on POSIX filesystems, so a reader
-    sees the old file or the new one. Durability: the temp file is fsynced before the rename and
-    the directory after it, so after a power cut the name points at complete data. The temp file
-    lives in the destination's own directory because a rename across filesystems is a copy.
+    -- and the next attempt after this process is killed at any instant -- sees the old file or
+    the new one, complete. The temp file lives in the destination's own directory because a
+    rename across filesystems is a copy.
+
+    Durability against a power cut or kernel crash (not a process crash: the kernel still writes
+    back a killed process's data) needs ``fsync=True``: the temp file is then fsynced before the
+    rename and the directory after it, so the name can only ever point at data on the disk.
+    Without it a machine crash within the kernel's writeback delay (about 30 s) can leave the new
+    object torn, which the recorded size and digest then report as corrupt on load.
     """
 
-    def __init__(self, uri: str, dest: Path, metadata: Mapping[str, str]) -> None:
+    def __init__(self, uri: str, dest: Path, metadata: Mapping[str, str], *, fsync: bool) -> None:
         super().__init__(uri)
         self.metadata.update(metadata)
         self._dest = dest
+        self._fsync = fsync
         with translated_os_errors(uri, "saving"):
             if dest.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "is a directory", str(dest))
-            try:
-                self._created_directories = _make_directories(dest.parent)
-            except FileExistsError:
-                raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
-            remove_stale_temp_files(dest)
+            self._created_directories: list[Path] = []
+            if not dest.parent.is_dir():
+                try:
+                    self._created_directories = _make_directories(dest.parent)
+                except FileExistsError:
+                    raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
+            _sweep_once(dest)
             self._temp, self._fd = self._create_locked_temp()
         self._file = os.fdopen(self._fd, "wb", buffering=1 << 20, closefd=False)
 
@@ -90,14 +129,16 @@ class LocalWriter(ObjectWriter):
             self._file.flush()
             self._file.close()
             stamp = str(os.fstat(self._fd).st_mtime_ns)
-            _set_metadata(self._fd, {**self.metadata, _STAMP_KEY: stamp})
-            os.fsync(self._fd)
+            _set_metadata(self._fd, {**self.metadata, STAMP_KEY: stamp})
+            if self._fsync:
+                os.fsync(self._fd)
             # Still holding the lock, so no sweep can remove the temp file before the rename.
             os.replace(self._temp, self._dest)
-            _fsync_directory(self._dest.parent)
-            # A directory made for this object is durable only once its own parent is synced.
-            for directory in self._created_directories:
-                _fsync_directory(directory.parent)
+            if self._fsync:
+                _fsync_directory(self._dest.parent)
+                # A directory made for this object is durable only once its own parent is synced.
+                for directory in self._created_directories:
+                    _fsync_directory(directory.parent)
             os.close(self._fd)
 
     def _abort(self) -> None:
@@ -128,32 +169,47 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def encode_record(metadata: Mapping[str, str]) -> bytes:
+    """``metadata`` as the attribute's value: its fields in a fixed order, space-separated."""
+    unknown = set(metadata) - set(RECORD_FIELDS)
+    if unknown:
+        raise ValueError(f"local objects cannot record {sorted(unknown)}")
+    return " ".join(metadata.get(key, "-") for key in RECORD_FIELDS).encode()
+
+
+def decode_record(value: bytes) -> dict[str, str]:
+    """The metadata in an attribute value; empty when it is not one (the object is then unverified)."""
+    fields = value.decode(errors="replace").split(" ")
+    if len(fields) != len(RECORD_FIELDS):
+        return {}
+    return {key: field for key, field in zip(RECORD_FIELDS, fields, strict=True) if field != "-"}
+
+
 def _set_metadata(fd: int, metadata: Mapping[str, str]) -> None:
-    """Record metadata as extended attributes; silently skipped where the filesystem has none."""
-    for key, value in metadata.items():
-        try:
-            os.setxattr(fd, _XATTR_PREFIX + key, value.encode())
-        except OSError as exc:
-            if exc.errno in _XATTR_UNSUPPORTED:
-                return
+    """Record metadata as an extended attribute; silently skipped where the filesystem has none."""
+    try:
+        os.setxattr(fd, XATTR_NAME, encode_record(metadata))
+    except OSError as exc:
+        if exc.errno not in _XATTR_UNSUPPORTED:
             raise
 
 
 def _get_metadata(fd: int) -> dict[str, str]:
     try:
-        names = os.listxattr(fd)
+        return decode_record(os.getxattr(fd, XATTR_NAME))
     except OSError:
         return {}
-    metadata = {}
-    for name in names:
-        if name.startswith(_XATTR_PREFIX):
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                metadata[name[len(_XATTR_PREFIX) :]] = os.getxattr(fd, name).decode()
-    return metadata
 
 
 class LocalBackend(Backend):
-    """Plain paths and ``file://`` URIs, without fsspec (whose local writes are not atomic)."""
+    """Plain paths and ``file://`` URIs, without fsspec (whose local writes are not atomic).
+
+    ``fsync``: make every write durable against power loss, not only atomic (see
+    :class:`LocalWriter`); it costs two ``fsync`` calls per object.
+    """
+
+    def __init__(self, *, fsync: bool = False) -> None:
+        self.fsync = fsync
 
     def open_write(
         self,
@@ -163,7 +219,7 @@ class LocalBackend(Backend):
         declared_digest: str | None = None,
         declared_size: int | None = None,
     ) -> ObjectWriter:
-        writer = LocalWriter(uri, local_path(uri), metadata)
+        writer = LocalWriter(uri, local_path(uri), metadata, fsync=self.fsync)
         writer.declare(declared_digest, declared_size)
         return writer
 
@@ -203,7 +259,7 @@ class LocalBackend(Backend):
         if not stat.S_ISREG(status.st_mode):
             return None
         metadata = _get_metadata(fd)
-        stamp = metadata.pop(_STAMP_KEY, None)
+        stamp = metadata.pop(STAMP_KEY, None)
         if stamp is not None and stamp != str(status.st_mtime_ns):
             metadata = {}  # rewritten by another tool since we wrote it: the record is stale
         return ObjectInfo(

@@ -21,6 +21,7 @@ from flyte_checkpoint.errors import BackendNotInstalledError
 from flyte_checkpoint.storage.base import (
     DIGEST_KEY,
     FORMAT_KEY,
+    FSYNC_OPTION,
     SIZE_KEY,
     Backend,
     ObjectInfo,
@@ -156,6 +157,7 @@ class FsspecBackend(Backend):
         self.profile = _PROFILES[self.protocol]
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
         options = _merged_options(self.profile.defaults, storage_options)
+        options.pop(FSYNC_OPTION, None)  # a local-disk option; uploads are durable once complete
         own = {key: options.pop(key, default) for key, default in self.profile.own_options.items()}
         if own != dict(self.profile.own_options):
             # fsspec shares one instance per set of options, and these are set on the instance.

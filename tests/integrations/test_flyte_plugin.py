@@ -23,6 +23,7 @@ import flyte_checkpoint
 import flyte_checkpoint.integrations.flyte as flyte_plugin
 from flyte_checkpoint import CheckpointPaths, ConfigurationError, TaskContext, task_context
 from flyte_checkpoint.storage import FORMAT_KEY
+from flyte_checkpoint.storage.local import XATTR_NAME, decode_record
 from tests.conftest import tree_of
 from tests.integrations.examples import EXAMPLES
 from tests.integrations.flyte_tasks import (
@@ -115,7 +116,7 @@ def test_the_object_a_retried_task_resumed_from_was_written_by_us(raw_data: Path
     run_locally(raw_data, count_sync, n=4, fail_every=3, log=str(tmp_path / "starts.log"))
     staged = raw_data / "prev_checkpoint"
     assert staged.read_bytes() == b"3"
-    assert os.getxattr(staged, f"user.{FORMAT_KEY}") == b"payload"
+    assert decode_record(os.getxattr(staged, XATTR_NAME))[FORMAT_KEY] == "payload"
 
 
 @pytest.mark.usefixtures("installed")

@@ -1,7 +1,7 @@
 """Damaged checkpoints must be refused with ``CheckpointCorruptError``, never restored quietly.
 
 A directory of about 2 MiB (random and text files) is saved with ``Checkpoint.save_sync`` to a
-local destination, which records its format, size and sha256 as extended attributes. Each test
+local destination, which records its format, size and digest as extended attributes. Each test
 damages fresh copies of that object (one byte inverted, a truncation, a zeroed range) and loads
 them, either
 
@@ -41,6 +41,8 @@ from flyte_checkpoint import (
     CheckpointStorageError,
     archive,
 )
+from flyte_checkpoint.storage import DIGEST_KEY, SIZE_KEY
+from flyte_checkpoint.storage.local import STAMP_KEY, XATTR_NAME, decode_record
 from tests.conftest import tree_of
 
 SEED = 20_260_706
@@ -75,7 +77,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
     target = root / "object"
     Checkpoint(str(target)).save_sync(directory)
     xattrs = {name: os.getxattr(target, name) for name in os.listxattr(target)}
-    assert any(name.endswith("sha256") for name in xattrs), "the save should record a digest"
+    assert DIGEST_KEY in record_of(xattrs), "the save should record a digest"
     return Saved(directory=directory, data=target.read_bytes(), xattrs=xattrs)
 
 
@@ -91,7 +93,9 @@ class Outcome:
 Loader = Callable[[bytes, dict[str, bytes]], Outcome]
 
 
-STAMP = "user.flyte_checkpoint_mtime_ns"
+def record_of(xattrs: dict[str, bytes]) -> dict[str, str]:
+    """The metadata this package recorded with an object, from its extended attributes."""
+    return decode_record(xattrs[XATTR_NAME])
 
 
 @pytest.fixture
@@ -108,8 +112,8 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Loader:
             out.write(data)
         for name, value in xattrs.items():
             os.setxattr(source, name, value)
-        if STAMP in xattrs:  # damaged where it lies, as bit rot does: the time it was written stays
-            stamp = int(xattrs[STAMP])
+        if XATTR_NAME in xattrs:  # damaged where it lies, as bit rot does: its write time stays
+            stamp = int(record_of(xattrs)[STAMP_KEY])
             os.utime(source, ns=(stamp, stamp))
         checkpoint = Checkpoint(str(tmp_path / "unused"), str(source))
         try:
@@ -309,7 +313,7 @@ def test_a_damaged_raw_payload_without_its_digest_cannot_be_detected(
 def test_an_object_emptied_after_saving_is_corrupt_not_absent_when_its_size_is_recorded(
     saved: Saved, load: Loader
 ) -> None:
-    assert int(saved.xattrs["user.flyte_checkpoint_size"]) > 0
+    assert int(record_of(saved.xattrs)[SIZE_KEY]) > 0
     outcome = load(b"", saved.xattrs)
     assert outcome.error is not None
 

@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from flyte_checkpoint import CheckpointCorruptError
-from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object
+from flyte_checkpoint import Checkpoint, CheckpointCorruptError, ConfigurationError
+from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, SIZE_KEY, backend_for, copy_object
 from flyte_checkpoint.storage.base import VerifyingReader
-from flyte_checkpoint.storage.local import remove_stale_temp_files, temp_files_for
+from flyte_checkpoint.storage.local import (
+    STAMP_KEY,
+    decode_record,
+    encode_record,
+    remove_stale_temp_files,
+    temp_files_for,
+)
 from tests.conftest import damage_in_place, truncate_in_place
 
 
@@ -74,7 +80,7 @@ def test_the_format_and_digest_are_recorded_with_the_object(tmp_path: Path) -> N
     info = backend_for(str(target)).info(str(target))
     assert info is not None
     assert info.recorded_format == "archive"
-    assert info.metadata[DIGEST_KEY] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert info.metadata[DIGEST_KEY] == "crc32:352441c2"
 
 
 def test_a_read_of_altered_bytes_fails_the_digest_check(tmp_path: Path) -> None:
@@ -83,7 +89,7 @@ def test_a_read_of_altered_bytes_fails_the_digest_check(tmp_path: Path) -> None:
     damage_in_place(target, 0, b"X")
     reader = backend_for(str(target)).open_read(str(target))
     assert reader is not None
-    with reader, pytest.raises(CheckpointCorruptError, match="sha256"):
+    with reader, pytest.raises(CheckpointCorruptError, match="does not match the digest"):
         read_to_end(reader)
 
 
@@ -188,3 +194,90 @@ def test_an_object_damaged_where_it_lies_keeps_its_record(tmp_path: Path) -> Non
     info = backend_for(str(target)).info(str(target))
     assert info is not None
     assert info.recorded_digest is not None
+
+
+@pytest.fixture
+def sync_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records the order of fsync and rename calls (a spy: nothing else observes an fsync)."""
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        kind = "directory" if os.path.isdir(f"/proc/self/fd/{fd}") else "file"
+        calls.append(f"fsync {kind}")
+        real_fsync(fd)
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        calls.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return calls
+
+
+def test_a_local_write_is_atomic_without_fsync_by_default(tmp_path: Path, sync_calls: list[str]) -> None:
+    write(str(tmp_path / "obj"), b"data")
+    assert sync_calls == ["rename"]
+
+
+def test_the_fsync_option_syncs_the_file_before_the_rename_and_the_directory_after(
+    tmp_path: Path, sync_calls: list[str]
+) -> None:
+    target = str(tmp_path / "obj")
+    with backend_for(target, {"fsync": True}).open_write(target, {}) as writer:
+        writer.write(b"data")
+    assert sync_calls == ["fsync file", "rename", "fsync directory"]
+
+
+def test_the_fsync_option_also_syncs_the_parents_of_directories_it_created(
+    tmp_path: Path, sync_calls: list[str]
+) -> None:
+    target = str(tmp_path / "new" / "deeper" / "obj")
+    with backend_for(target, {"fsync": True}).open_write(target, {}) as writer:
+        writer.write(b"data")
+    assert sync_calls == ["fsync file", "rename"] + ["fsync directory"] * 3
+
+
+def test_the_environment_variable_turns_fsync_on_for_every_checkpoint(
+    tmp_path: Path, sync_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLYTE_CHECKPOINT_FSYNC", "1")
+    Checkpoint(str(tmp_path / "obj")).save_sync(b"data")
+    assert sync_calls[:2] == ["fsync file", "rename"]
+
+
+def test_the_storage_option_wins_over_the_environment_variable(
+    tmp_path: Path, sync_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLYTE_CHECKPOINT_FSYNC", "yes")
+    Checkpoint(str(tmp_path / "obj"), storage_options={"fsync": False}).save_sync(b"data")
+    assert sync_calls == ["rename"]
+
+
+def test_a_fsync_environment_value_that_is_not_yes_or_no_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLYTE_CHECKPOINT_FSYNC", "always")
+    with pytest.raises(ConfigurationError, match="FLYTE_CHECKPOINT_FSYNC='always' is not a yes/no"):
+        Checkpoint(str(tmp_path / "obj"))
+
+
+def test_a_fsync_storage_option_that_is_not_a_bool_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="'fsync' must be True or False"):
+        Checkpoint(str(tmp_path / "obj"), storage_options={"fsync": "true"})
+
+
+def test_the_record_of_a_large_object_fits_inside_an_ext4_inode(tmp_path: Path) -> None:
+    record = {
+        FORMAT_KEY: "archive",
+        DIGEST_KEY: "crc32:ffffffff",
+        SIZE_KEY: str(10**13 - 1),
+        STAMP_KEY: str(time.time_ns()),
+    }
+    assert len(encode_record(record)) <= 56
+    assert decode_record(encode_record(record)) == record
+
+
+def test_a_record_that_is_not_ours_reads_as_no_record() -> None:
+    assert decode_record(b'{"flyte_checkpoint_format": "payload"}') == {}

@@ -102,7 +102,16 @@ def test_the_format_and_digest_travel_with_a_payload(remote: Remote) -> None:
     info = backend_for(remote.uri("meta"), remote.storage_options).info(remote.uri("meta"))
     assert info is not None
     assert info.recorded_format == "payload"
-    assert info.metadata[DIGEST_KEY] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert info.metadata[DIGEST_KEY] == "crc32:352441c2"
+
+
+def test_the_local_fsync_option_is_accepted_and_ignored_by_object_stores(remote: Remote) -> None:
+    options = {**remote.storage_options, "fsync": True}
+    Checkpoint(remote.uri("synced"), storage_options=options).save_sync(b"abc")
+    cp = Checkpoint(remote.uri("unused"), remote.uri("synced"), storage_options=options)
+    restored = cp.load_sync()
+    assert restored is not None
+    assert restored.read_bytes() == b"abc"
 
 
 def test_a_directory_archive_records_its_format(remote: Remote, model_dir: Path) -> None:
