@@ -259,7 +259,8 @@ class Checkpoint(BaseCheckpoint):
         self._workspace.ensure_open()
         content = _validated(data)
         if background:
-            snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
+            with self._background_saver().paused():
+                snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
             snapshot.progress = progress
             self._background_saver().submit(snapshot)
             return
@@ -306,6 +307,7 @@ class Checkpoint(BaseCheckpoint):
         )
         if snapshot.progress is not None:
             writer.progress = ProgressReporter(snapshot.progress, total)
+        writer.gate = snapshot.gate
         return writer
 
     def _upload_once(self, snapshot: Snapshot) -> tuple[str, int]:

@@ -16,6 +16,7 @@ import errno
 import os
 import shutil
 import stat
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,8 @@ class Snapshot:
     owned_root: Path | None = None
     stamps: dict[str, _Stamp] = field(default_factory=dict)
     progress: ProgressCallback | None = None
+    gate: threading.Event | None = None
+    """Set while the upload may write; cleared while the caller takes the next snapshot."""
 
     def verify_unchanged(self) -> None:
         """Raise :class:`InputChangedError` if any snapshot file changed since it was taken."""

@@ -12,6 +12,9 @@ import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointStorageError, InputChangedError, ctx, run_with_retries
 from flyte_checkpoint import archive as archive_module
+from flyte_checkpoint.background import BackgroundSaver
+from flyte_checkpoint.snapshot import Snapshot
+from flyte_checkpoint.storage import backend_for
 from flyte_checkpoint.storage.base import Backend
 from tests.conftest import tree_of
 
@@ -172,3 +175,27 @@ async def test_an_async_background_save_returns_quickly_and_wait_flushes_it(tmp_
     total = time.monotonic() - started
     assert returned_after < total
     assert tree_of(restore(tmp_path / "obj")) == tree_of(big)
+
+
+def test_an_upload_in_flight_holds_its_writes_while_the_caller_takes_the_next_snapshot(
+    tmp_path: Path,
+) -> None:
+    target = str(tmp_path / "obj")
+    writing, wrote = threading.Event(), threading.Event()
+
+    def upload(snapshot: Snapshot) -> None:
+        writer = backend_for(target).open_write(target, {})
+        writer.gate = snapshot.gate
+        writing.set()
+        writer.write(b"data")
+        wrote.set()
+        writer.commit()
+
+    saver = BackgroundSaver(upload, target)
+    with saver.paused():
+        saver.submit(Snapshot(b"data"))
+        assert writing.wait(5)
+        assert not wrote.wait(0.3), "the write should wait for the snapshot to be taken"
+    assert wrote.wait(5)
+    saver.wait()
+    assert Path(target).read_bytes() == b"data"

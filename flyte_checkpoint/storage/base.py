@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import io
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -74,6 +75,8 @@ class ObjectWriter(abc.ABC):
         self._finished = False
         self.metadata: dict[str, str] = {}
         self.progress: ProgressReporter | None = None
+        self.gate: threading.Event | None = None
+        """When given, every write first waits until it is set (a background save's pause)."""
         self._declared: tuple[str, int] | None = None
 
     def declare(self, digest: str | None, size: int | None) -> None:
@@ -84,6 +87,8 @@ class ObjectWriter(abc.ABC):
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data`` to the pending object."""
+        if self.gate is not None:
+            self.gate.wait()
         self._digest.update(data)
         self._size += len(data)
         self._write(data)
