@@ -479,7 +479,10 @@ class Runner:
         assert python is not None
         self._fresh_tmp()
         env = {**os.environ, **storage.env, "TMPDIR": str(self.tmp)}
-        env.pop("PYTHONPATH", None)
+        if impl != "ours":
+            # The reference must not import this checkout. Ours keeps the caller's PYTHONPATH: a
+            # worktree sharing another checkout's venv (an editable install) measures its own code.
+            env.pop("PYTHONPATH", None)
         spec = {**spec, "impl": impl, "storage_options": storage.storage_options}
         os.sync()  # settle dirty pages left by the previous run (the reference does not fsync)
         try:

@@ -10,12 +10,16 @@ and marks the file closed so nothing later can complete it. The previous object 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import importlib
+import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
+
+from fsspec.asyn import sync
 
 from flyte_checkpoint.errors import BackendNotInstalledError
 from flyte_checkpoint.storage.base import (
@@ -28,7 +32,7 @@ from flyte_checkpoint.storage.base import (
     ObjectWriter,
     VerifyingReader,
 )
-from flyte_checkpoint.storage.remote_errors import translated_backend_errors
+from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
 from flyte_checkpoint.uris import scheme_of
 
 EXTRAS = {"s3": "s3", "gs": "gcs", "abfs": "azure"}
@@ -59,11 +63,18 @@ class _Profile:
     """Storage options applied unless the caller gives their own: time bounds on every call."""
     own_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Options this module consumes itself (not passed to fsspec), with their defaults."""
+    streamed_reads: bool = False
+    """Whether loads read one streamed GET (:class:`_StreamedS3Object`), not fsspec's blocks."""
+    max_parts: int | None = None
+    """The store's cap on parts per upload; with one, parts grow past ``block_size`` (:func:`_part_size`)."""
 
 
 _PROFILES = {
     "s3": _Profile(
-        block_size=16 << 20,
+        # s3fs holds about three copies of a part while it goes out (its buffer, the part cut
+        # from it, aiohttp's copy of that): 16 MiB parts put S3 saves near 180 MiB peak RSS,
+        # 8 MiB (the AWS CLI's part size) about 140. Larger objects grow them: see _part_size.
+        block_size=8 << 20,
         metadata_argument="Metadata",
         metadata_at_commit=False,
         server_side_copy=True,
@@ -76,6 +87,8 @@ _PROFILES = {
         },
         # s3fs retries on top of botocore, and its constructor ignores ``retries=``.
         own_options={"retries": 5},
+        streamed_reads=True,
+        max_parts=10_000,
     ),
     "gs": _Profile(
         block_size=16 << 20,
@@ -97,20 +110,42 @@ _PROFILES = {
 }
 
 
+_MiB = 1 << 20
+_PART_GROWTH = 1024
+"""An upload of unknown length makes each part at least 1/1024 of what was written before it:
+8 MiB parts up to 8 GiB, and S3's 5 TiB object limit in about 7,600 parts of at most 5 GiB
+(S3 allows 10,000; fixed 16 MiB parts stopped at 156 GiB, fixed 8 MiB parts would at 78 GiB)."""
+
+
+def _part_size(profile: _Profile, expected: int | None, sent: int) -> int:
+    """The part size for an upload of ``expected`` bytes (``None``: unknown, ``sent`` so far)."""
+    if profile.max_parts is None:
+        return profile.block_size
+    wanted = -(-expected // profile.max_parts) if expected is not None else sent // _PART_GROWTH
+    return max(profile.block_size, -(-wanted // _MiB) * _MiB)
+
+
 def canonical_protocol(uri: str) -> str:
     """``s3``, ``gs`` or ``abfs`` for any of the URI schemes they serve."""
     return _CANONICAL[scheme_of(uri)]
 
 
+def _copied(value: Any) -> Any:
+    """``value`` with its nested dicts copied; other objects (credentials, sessions) are shared."""
+    return {key: _copied(item) for key, item in value.items()} if isinstance(value, dict) else value
+
+
 def _merged_options(defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        key: (dict(value) if isinstance(value, dict) else value) for key, value in defaults.items()
-    }
+    # Deep copies: botocore's Config rewrites the ``retries`` dict it is given in place, which
+    # changed these defaults after the first client, so fsspec's instance cache (keyed on the
+    # options) missed and every later backend built a second client with its own parsed S3
+    # service model, about 15 MiB that the cache then kept for the life of the process.
+    options: dict[str, Any] = {key: _copied(value) for key, value in defaults.items()}
     for key, value in (given or {}).items():
         if isinstance(value, Mapping) and isinstance(options.get(key), dict):
-            options[key] = {**options[key], **value}
+            options[key] = {**options[key], **_copied(dict(value))}
         else:
-            options[key] = value
+            options[key] = _copied(value)
     # Listings cached by fsspec never see objects other processes write: always ask the store.
     options.setdefault("use_listings_cache", False)
     return options
@@ -120,15 +155,26 @@ class FsspecWriter(ObjectWriter):
     """A streamed upload that becomes an object only when :meth:`commit` completes it."""
 
     def __init__(
-        self, uri: str, scheme: str, handle: Any, profile: _Profile, metadata: Mapping[str, str]
+        self,
+        uri: str,
+        scheme: str,
+        handle: Any,
+        profile: _Profile,
+        metadata: Mapping[str, str],
+        *,
+        growing_parts: bool = False,
     ) -> None:
         super().__init__(uri)
         self.metadata.update(metadata)
         self._scheme = scheme
         self._handle = handle
         self._profile = profile
+        self._growing_parts = growing_parts
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._growing_parts:
+            # fsspec cuts a part whenever its buffer reaches ``blocksize``, read at each write.
+            self._handle.blocksize = _part_size(self._profile, None, self._size)
         with translated_backend_errors(self.uri, "saving", self._scheme):
             self._handle.write(data)
 
@@ -147,6 +193,83 @@ class FsspecWriter(ObjectWriter):
             # discard() leaves some backends' files open, and close() -- or garbage collection --
             # of an open file would complete the upload: mark it closed so nothing can.
             self._handle.closed = True
+
+
+class _StreamedS3Object(io.RawIOBase):
+    """An S3 object read front to back through one streamed GET.
+
+    s3fs's read-ahead file holds a whole block as one ``bytes`` while aiohttp gathers the next
+    one (about four blocks resident: 64 MiB at 16 MiB blocks), and it sends a ranged GET per
+    block, which S3-compatible servers such as moto answer by copying the whole object each
+    time. A streamed body holds only what aiohttp buffers from the socket. A body that breaks
+    off is reopened where it stopped, pinned to the ETag the load started with, so a resumed
+    read cannot continue into a replacement object (the store answers 412, which the caller's
+    retry takes as transient and starts over).
+    """
+
+    def __init__(self, fs: Any, uri: str, info: ObjectInfo) -> None:
+        super().__init__()
+        self._fs = fs
+        self._bucket, self._key, self._version_id = fs.split_path(uri)
+        self._size = info.size
+        self._etag = info.version
+        self._offset = 0
+        self._body: Any = None
+
+    def readable(self) -> bool:
+        return True
+
+    def open(self) -> None:
+        """Send the GET now, so an object deleted since ``info()`` shows as ``FileNotFoundError``."""
+        sync(self._fs.loop, self._open)
+
+    def readinto(self, buffer: Any) -> int:
+        with memoryview(buffer) as view, view.cast("B") as target:
+            # One trip to fsspec's event-loop thread fills the whole buffer, not one per socket read.
+            return int(sync(self._fs.loop, self._fill, target))
+
+    def close(self) -> None:
+        if self._body is not None:
+            with contextlib.suppress(Exception):
+                sync(self._fs.loop, self._drop_body)
+        super().close()
+
+    async def _open(self) -> None:
+        pinned = {"IfMatch": self._etag} if self._etag else {}
+        if self._version_id:
+            pinned["VersionId"] = self._version_id
+        if self._offset:
+            pinned["Range"] = f"bytes={self._offset}-"
+        response = await self._fs._call_s3("get_object", Bucket=self._bucket, Key=self._key, **pinned)
+        self._body = response["Body"]
+
+    async def _drop_body(self) -> None:
+        body, self._body = self._body, None
+        if body is not None:
+            body.close()
+
+    async def _fill(self, target: memoryview) -> int:
+        """Fill ``target``, short only at the object's end; reopen a body that breaks off."""
+        filled = failures = 0
+        while filled < len(target) and self._offset < self._size:
+            try:
+                if self._body is None:
+                    await self._open()
+                chunk = await self._body.read(len(target) - filled)
+            except Exception as exc:
+                await self._drop_body()
+                failures += 1
+                if classify(exc) != "transient" or failures > int(getattr(self._fs, "retries", 5)):
+                    raise
+                await asyncio.sleep(min(0.1 * 2 ** (failures - 1), 2.0))
+                continue
+            if not chunk:  # shorter than info() said: the size check at end-of-file reports it
+                break
+            failures = 0
+            target[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+            self._offset += len(chunk)
+        return filled
 
 
 class FsspecBackend(Backend):
@@ -192,9 +315,19 @@ class FsspecBackend(Backend):
             at_open.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
         with self._errors(uri, "saving"):
             handle = self.fs.open(
-                uri, "wb", block_size=self.profile.block_size, **{self.profile.metadata_argument: at_open}
+                uri,
+                "wb",
+                block_size=_part_size(self.profile, declared_size, 0),
+                **{self.profile.metadata_argument: at_open},
             )
-        writer = FsspecWriter(uri, scheme_of(uri), handle, self.profile, metadata)
+        # A known size fixes the part size up front; so does s3fs's ``fixed_upload_size`` (for
+        # stores such as R2 that want all parts but the last of one size).
+        growing = (
+            self.profile.max_parts is not None
+            and declared_size is None
+            and not getattr(self.fs, "fixed_upload_size", False)
+        )
+        writer = FsspecWriter(uri, scheme_of(uri), handle, self.profile, metadata, growing_parts=growing)
         writer.declare(declared_digest, declared_size)
         return writer
 
@@ -204,9 +337,15 @@ class FsspecBackend(Backend):
             return None
         with self._errors(uri, "loading"):
             try:
-                stream: IO[bytes] = self.fs.open(
-                    uri, "rb", block_size=self.profile.block_size, cache_type="readahead"
-                )
+                stream: IO[bytes]
+                if self.profile.streamed_reads:
+                    streamed = _StreamedS3Object(self.fs, uri, info)
+                    streamed.open()
+                    stream = cast(IO[bytes], streamed)
+                else:
+                    stream = self.fs.open(
+                        uri, "rb", block_size=self.profile.block_size, cache_type="readahead"
+                    )
             except FileNotFoundError:
                 return None
         return VerifyingReader(

@@ -8,9 +8,10 @@ must succeed; the destination must then load as exactly A or exactly B, with no 
 (local) or stray object (S3) left.
 
 Also here: a load while another writer replaces the object must give back one complete
-version. Locally the reader keeps the old file open. On S3, s3fs notices the ETag changed between
-two range reads and raises ``FileExpired``; that is a transient error, so the bounded retry loads
-the new complete object.
+version. Locally the reader keeps the old file open. On S3 the load is one streamed GET, which
+the store serves from one version; a GET sent after the object was replaced is refused (it is
+pinned to the ETag the load read first), a transient error, so the bounded retry loads the new
+complete object.
 
 Sizes: 20 MiB (bytes, file) and ~24 MiB (directory) locally, 8 rounds each; 20 MiB file on S3,
 4 rounds. ``FLYTE_CHECKPOINT_SLOW_TESTS=1`` uses 256 MiB locally and 64 MiB on S3.
@@ -207,7 +208,7 @@ def test_a_load_while_another_writer_replaces_the_object_returns_one_complete_ve
     replaced_store: tuple[str, dict[str, Any] | None],
 ) -> None:
     dest, options = replaced_store
-    # Larger than s3fs's 16 MiB read block, so the load reads the object in several requests.
+    # Many reads long, so the replace (from the progress callback of the first) lands mid-load.
     old, new = os.urandom(40 * MiB), os.urandom(40 * MiB)
     Checkpoint(dest, storage_options=options).save_sync(old)
     replaced: list[int] = []

@@ -10,6 +10,7 @@ GCS's time bound (``requests_timeout``, not retried) is covered by the stall tes
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointError, CheckpointUnavailableError
 from flyte_checkpoint.storage.retry import RetryPolicy
-from tests.fault_proxy import FaultProxy, drop_mid_request, stall, status
+from tests.fault_proxy import FaultProxy, drop_mid_request, drop_mid_response, stall, status
 from tests.storage.conftest import Remote
 
 QUICK_RETRY = RetryPolicy(attempts=3, initial_delay=0.05, max_delay=0.2)
@@ -81,6 +82,18 @@ def test_a_load_retries_through_503s_and_restores(remote: Remote, proxy: FaultPr
     restored = through_proxy(remote, proxy, "unused", "flaky-load").load_sync()
     assert restored is not None
     assert restored.read_bytes() == b"worth waiting for"
+
+
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_an_s3_load_cut_off_mid_body_resumes_where_it_stopped(remote: Remote, proxy: FaultProxy) -> None:
+    payload = os.urandom(3 << 20)
+    direct(remote, "cut-off").save_sync(payload)
+    proxy.add_fault(drop_mid_response(1 << 20), times=1, method="GET")
+    restored = through_proxy(remote, proxy, "unused", "cut-off").load_sync()
+    assert restored is not None
+    assert restored.read_bytes() == payload
+    # The stream was reopened at the offset reached (a ranged GET: 206), not read again whole.
+    assert [r.upstream_status for r in proxy.requests if r.method == "GET"] == [200, 206]
 
 
 @pytest.mark.parametrize("remote", ["s3", "azure"], indirect=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -95,6 +96,86 @@ def test_an_object_past_the_multipart_threshold_round_trips(remote: Remote, tmp_
     with open(restored, "rb") as a, open(big, "rb") as b:
         while chunk := a.read(1 << 24):
             assert chunk == b.read(1 << 24)
+
+
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_s3_parts_that_grow_mid_upload_round_trip(
+    remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote_module, "_PART_GROWTH", 2)  # parts of half the bytes written so far
+    backend = backend_for(remote.uri("growing"), remote.storage_options)
+    assert isinstance(backend, remote_module.FsspecBackend)
+    fs = backend.fs
+    call_s3, parts = fs.call_s3, []
+
+    def recording(method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "upload_part":
+            parts.append(len(kwargs["Body"]))
+        return call_s3(method, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "call_s3", recording)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "weights.bin").write_bytes(os.urandom(40 << 20))
+    checkpoint(remote, "growing").save_sync(tree)  # a directory: an upload of unknown length
+    # About 9, 10, 20 MiB and the rest; parts of 8 MiB would be five, none above 10 MiB.
+    assert len(parts) == 4
+    assert max(parts) > 16 << 20
+    restored = checkpoint(remote, "unused", "growing").load_sync()
+    assert restored is not None
+    assert tree_of(restored) == tree_of(tree)
+
+
+def test_s3_parts_stay_within_its_limits_up_to_its_largest_object() -> None:
+    profile = remote_module._PROFILES["s3"]
+    assert remote_module._part_size(profile, None, 0) == 8 << 20
+    sent = parts = 0
+    while sent < 5 << 40:  # 5 TiB, S3's largest object, in parts of at most 5 GiB, at most 10,000
+        part = remote_module._part_size(profile, None, sent)
+        assert part <= 5 << 30
+        sent += part
+        parts += 1
+    assert parts <= 10_000
+    # A known size fixes the part size up front: the smallest that fits in 10,000 parts.
+    assert remote_module._part_size(profile, 200 << 30, 0) == 21 << 20
+    assert remote_module._part_size(profile, 1 << 30, 0) == 8 << 20
+
+
+def test_checkpoints_built_with_the_same_options_share_one_client(remote: Remote) -> None:
+    options = remote.storage_options
+    if remote.backend == "s3":
+        # botocore's Config rewrites a ``retries`` dict in place (max_attempts -> total_max_attempts).
+        options["config_kwargs"] = {"retries": {"max_attempts": 2, "mode": "standard"}}
+    given = copy.deepcopy(options)
+    first = backend_for(remote.uri("shared"), options)
+    assert first.info(remote.uri("shared")) is None  # the first call builds the client
+    assert options == given
+    second = backend_for(remote.uri("shared"), options)
+    assert isinstance(first, remote_module.FsspecBackend)
+    assert isinstance(second, remote_module.FsspecBackend)
+    assert second.fs is first.fs  # fsspec's instance cache hit: no second client and service model
+
+
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_an_s3_object_replaced_after_its_info_was_read_is_loaded_again_whole(
+    remote: Remote, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint(remote, "replaced").save_sync(b"the old version")
+    stale = backend_for(remote.uri("replaced"), remote.storage_options).info(remote.uri("replaced"))
+    checkpoint(remote, "replaced").save_sync(b"the new version, longer")
+    original = remote_module.FsspecBackend.info
+    calls = []
+
+    def stale_first(self: Any, uri: str) -> Any:
+        calls.append(uri)
+        return stale if len(calls) == 1 else original(self, uri)
+
+    monkeypatch.setattr(remote_module.FsspecBackend, "info", stale_first)
+    # The GET is pinned to the ETag read first; the store refuses it (412), the load starts over.
+    restored = checkpoint(remote, "unused", "replaced").load_sync()
+    assert restored is not None
+    assert restored.read_bytes() == b"the new version, longer"
+    assert len(calls) >= 2
 
 
 def test_the_format_and_digest_travel_with_a_payload(remote: Remote) -> None:
