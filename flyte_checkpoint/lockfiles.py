@@ -18,7 +18,8 @@ def create_locked(path: Path, mode: int = 0o600) -> int | None:
     A sweep may lock and unlink the file between its creation and our lock; the caller then
     tries again with a new name.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    # Readable too: a local save reads back what the kernel copied into its temp file.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         if os.path.samestat(os.fstat(fd), os.lstat(path)):

@@ -10,13 +10,11 @@ from typing import IO, cast
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError
-from flyte_checkpoint.storage.base import VerifyingReader
+from flyte_checkpoint.storage.base import COPY_CHUNK, VerifyingReader
 from flyte_checkpoint.storage.errors import translated_os_errors
 
 PAYLOAD_BASENAME = "payload"
 """The file name under the restore directory where a raw (non-archive) object is placed."""
-
-_COPY_CHUNK = 1 << 20
 
 
 def classify(reader: VerifyingReader) -> tuple[ObjectKind, bool, IO[bytes]]:
@@ -61,7 +59,7 @@ def write_payload(stream: IO[bytes], target: Path) -> Path:
     """Copy the whole stream to ``target`` via a temp name, so a failed read leaves no payload."""
     partial = target.with_name(f".{target.name}.partial")
     with translated_os_errors(str(partial), "restoring"), open(partial, "wb") as out:
-        while chunk := stream.read(_COPY_CHUNK):
+        while chunk := stream.read(COPY_CHUNK):
             out.write(chunk)
     os.replace(partial, target)
     return target

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import shutil
 import stat
@@ -13,19 +14,23 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 from flyte_checkpoint.errors import CheckpointStorageError
 from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
 from flyte_checkpoint.storage.base import (
+    COPY_CHUNK,
     DIGEST_KEY,
     FORMAT_KEY,
     SIZE_KEY,
     Backend,
     ObjectInfo,
     ObjectWriter,
+    ReadsInto,
     VerifyingReader,
 )
 from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.storage.kernel_copy import KernelCopy, regular_file_descriptor
 from flyte_checkpoint.uris import local_path
 
 # Every record of an object in one extended attribute of at most 56 bytes, the space ext4 has
@@ -123,6 +128,39 @@ class LocalWriter(ObjectWriter):
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         with translated_os_errors(self.uri, "saving"):
             self._file.write(data)
+
+    def write_from(self, source: ReadsInto, chunk_size: int = COPY_CHUNK) -> int:
+        """Like :meth:`ObjectWriter.write_from`; a regular file is copied by the kernel.
+
+        See :mod:`flyte_checkpoint.storage.kernel_copy`. The digest is taken from the temp
+        file after the copy, so it always describes the bytes stored.
+        """
+        source_fd = regular_file_descriptor(source)
+        if source_fd is None:
+            return super().write_from(source, chunk_size)
+        file_source = cast(io.BufferedReader, source)
+        with translated_os_errors(self.uri, "saving"):
+            self._file.flush()
+            start, dest_start = file_source.tell(), self._size
+            copy = KernelCopy(source_fd, start, self._fd, dest_start, self.gate.wait if self.gate else None)
+            if not copy.start():
+                return super().write_from(source, chunk_size)
+            view = memoryview(bytearray(chunk_size))
+            digested = 0
+            try:
+                for copied in copy.copied():
+                    while digested < copied:
+                        wanted = view[: min(chunk_size, copied - digested)]
+                        count = os.preadv(self._fd, [wanted], dest_start + digested)
+                        if count == 0:
+                            raise OSError(errno.EIO, "the copy is shorter than reported", str(self._temp))
+                        self._account(view[:count])
+                        digested += count
+            finally:
+                copy.close()
+            file_source.seek(start + digested)
+            self._file.seek(dest_start + digested)
+        return digested
 
     def _commit(self) -> None:
         with translated_os_errors(self.uri, "saving"):

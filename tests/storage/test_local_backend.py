@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -10,12 +11,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from flyte_checkpoint import Checkpoint, CheckpointCorruptError, ConfigurationError
+from flyte_checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStorageError, ConfigurationError
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, SIZE_KEY, backend_for, copy_object
 from flyte_checkpoint.storage.base import VerifyingReader
+from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.local import (
     STAMP_KEY,
     decode_record,
@@ -281,3 +284,73 @@ def test_the_record_of_a_large_object_fits_inside_an_ext4_inode(tmp_path: Path) 
 
 def test_a_record_that_is_not_ours_reads_as_no_record() -> None:
     assert decode_record(b'{"flyte_checkpoint_format": "payload"}') == {}
+
+
+@pytest.fixture
+def big_file(tmp_path: Path) -> Path:
+    """20 MiB: more than two steps of the kernel copy."""
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(20 << 20))
+    return path
+
+
+def count_kernel_copies(
+    monkeypatch: pytest.MonkeyPatch, fail: OSError | None = None, after: int = 0
+) -> list[int]:
+    """A spy on ``os.copy_file_range`` that can also inject ``fail`` after ``after`` calls."""
+    calls: list[int] = []
+    real = os.copy_file_range
+
+    def copy_file_range(*args: Any) -> int:
+        calls.append(args[2])
+        if fail is not None and len(calls) > after:
+            raise fail
+        return real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", copy_file_range)
+    return calls
+
+
+def test_a_local_file_save_is_copied_by_the_kernel_and_records_the_digest_of_what_was_stored(
+    tmp_path: Path, big_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = count_kernel_copies(monkeypatch)
+    target = tmp_path / "obj"
+    Checkpoint(str(target)).save_sync(big_file)
+    assert len(calls) >= 3
+    assert target.read_bytes() == big_file.read_bytes()
+    info = backend_for(str(target)).info(str(target))
+    assert info is not None
+    assert info.recorded_digest == digest_of(big_file.read_bytes())
+
+
+def test_where_the_kernel_cannot_copy_the_file_is_read_and_written_instead(
+    tmp_path: Path, big_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count_kernel_copies(monkeypatch, fail=OSError(errno.EXDEV, "cross-device"))
+    target = tmp_path / "obj"
+    Checkpoint(str(target)).save_sync(big_file)
+    restored = Checkpoint("unused", str(target)).load_sync()
+    assert restored is not None
+    assert restored.read_bytes() == big_file.read_bytes()
+
+
+def test_a_kernel_copy_failing_mid_file_fails_the_save_and_keeps_the_old_object(
+    tmp_path: Path, big_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    Checkpoint(str(target)).save_sync(b"old")
+    count_kernel_copies(monkeypatch, fail=OSError(errno.EIO, "I/O error"), after=1)
+    with pytest.raises(CheckpointStorageError, match="obj"):
+        Checkpoint(str(target)).save_sync(big_file)
+    assert target.read_bytes() == b"old"
+    assert temp_files_for(target) == []
+
+
+def test_a_file_is_copied_from_its_current_position_to_its_end(tmp_path: Path, big_file: Path) -> None:
+    target = str(tmp_path / "obj")
+    with big_file.open("rb") as source, backend_for(target).open_write(target, {}) as writer:
+        source.read(1000)
+        assert writer.write_from(source) == (20 << 20) - 1000
+        assert source.read() == b""
+    assert Path(target).read_bytes() == big_file.read_bytes()[1000:]
