@@ -313,7 +313,8 @@ class Checkpoint(BaseCheckpoint):
     def _upload_once(self, snapshot: Snapshot) -> tuple[str, int]:
         content = snapshot.data
         if isinstance(content, bytes):
-            with self._open_writer("payload", snapshot, len(content), digest_of(content)) as writer:
+            declared = digest_of(content) if self._dest_backend.records_digest_only_when_declared else None
+            with self._open_writer("payload", snapshot, len(content), declared) as writer:
                 writer.write(content)
             return "bytes", writer.tell()
         if content.is_dir():

@@ -116,7 +116,8 @@ class LocalWriter(ObjectWriter):
                     raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
             _sweep_once(dest)
             self._temp, self._fd = self._create_locked_temp()
-        self._file = os.fdopen(self._fd, "wb", buffering=1 << 20, closefd=False)
+        # Small: most writes are one payload or large blocks, which pass the buffer by.
+        self._file = os.fdopen(self._fd, "wb", buffering=64 << 10, closefd=False)
 
     def _create_locked_temp(self) -> tuple[Path, int]:
         while True:
