@@ -9,7 +9,6 @@ import os
 import shutil
 import stat
 import threading
-import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from functools import partial
@@ -31,6 +30,7 @@ from flyte_checkpoint.storage.base import (
 )
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.kernel_copy import KernelCopy, regular_file_descriptor
+from flyte_checkpoint.storage.retire import RETIRED_SUFFIX, release, remove_retired, retire
 from flyte_checkpoint.uris import local_path
 
 # Every record of an object in one extended attribute of at most 56 bytes, the space ext4 has
@@ -83,6 +83,7 @@ def _sweep_once(dest: Path) -> None:
             return
         _swept.add(dest)
     remove_stale_temp_files(dest)
+    remove_retired(dest)
 
 
 class LocalWriter(ObjectWriter):
@@ -109,19 +110,21 @@ class LocalWriter(ObjectWriter):
             if dest.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "is a directory", str(dest))
             self._created_directories: list[Path] = []
-            if not dest.parent.is_dir():
+            _sweep_once(dest)
+            try:
+                self._temp, self._fd = self._create_locked_temp()
+            except FileNotFoundError:  # the first save into a new directory
                 try:
                     self._created_directories = _make_directories(dest.parent)
                 except FileExistsError:
                     raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
-            _sweep_once(dest)
-            self._temp, self._fd = self._create_locked_temp()
+                self._temp, self._fd = self._create_locked_temp()
         # Small: most writes are one payload or large blocks, which pass the buffer by.
         self._file = os.fdopen(self._fd, "wb", buffering=64 << 10, closefd=False)
 
     def _create_locked_temp(self) -> tuple[Path, int]:
         while True:
-            temp = self._dest.parent / f".{self._dest.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}"
+            temp = self._dest.parent / f".{self._dest.name}.{os.urandom(8).hex()}{_TEMP_SUFFIX}"
             fd = create_locked(temp, 0o644)
             if fd is not None:
                 return temp, fd
@@ -171,8 +174,13 @@ class LocalWriter(ObjectWriter):
             _set_metadata(self._fd, {**self.metadata, STAMP_KEY: stamp})
             if self._fsync:
                 os.fsync(self._fd)
-            # Still holding the lock, so no sweep can remove the temp file before the rename.
-            os.replace(self._temp, self._dest)
+            retired = retire(self._dest)
+            try:
+                # Still holding the lock, so no sweep can remove the temp file before the rename.
+                os.replace(self._temp, self._dest)
+            finally:
+                if retired is not None:
+                    release(retired)
             if self._fsync:
                 _fsync_directory(self._dest.parent)
                 # A directory made for this object is durable only once its own parent is synced.
@@ -320,7 +328,7 @@ class LocalBackend(Backend):
             found = [
                 str(path)
                 for path in root.rglob("*")
-                if path.is_file() and not path.name.endswith(_TEMP_SUFFIX)
+                if path.is_file() and not path.name.endswith((_TEMP_SUFFIX, RETIRED_SUFFIX))
             ]
         return sorted(found)
 

@@ -26,6 +26,7 @@ from flyte_checkpoint.storage.local import (
     remove_stale_temp_files,
     temp_files_for,
 )
+from flyte_checkpoint.storage.retire import retired_names_for
 from tests.conftest import damage_in_place, truncate_in_place
 
 
@@ -354,3 +355,51 @@ def test_a_file_is_copied_from_its_current_position_to_its_end(tmp_path: Path, b
         assert writer.write_from(source) == (20 << 20) - 1000
         assert source.read() == b""
     assert Path(target).read_bytes() == big_file.read_bytes()[1000:]
+
+
+def wait_until_released(target: Path) -> list[Path]:
+    """The second names of ``target`` still on disk once the reaper had up to 5 s."""
+    deadline = time.monotonic() + 5
+    while retired_names_for(target) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return retired_names_for(target)
+
+
+def test_a_replaced_object_is_freed_and_leaves_no_second_name_behind(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"old")
+    write(str(target), b"new")
+    assert wait_until_released(target) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["obj"]
+    assert target.read_bytes() == b"new"
+
+
+def test_the_object_being_replaced_has_a_second_name_when_the_rename_drops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"old")
+    seen: list[tuple[int, list[bytes]]] = []
+    real_replace = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        seen.append((os.stat(dst).st_nlink, [p.read_bytes() for p in retired_names_for(target)]))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    write(str(target), b"new")
+    assert seen == [(2, [b"old"])]
+
+
+def test_second_names_left_by_a_killed_save_are_removed_by_the_next_save(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    left = tmp_path / ".obj.0123456789abcdef.fc-old"
+    left.write_bytes(b"an object a killed save had retired")
+    write(str(target), b"data")
+    assert not left.exists()
+
+
+def test_listing_a_prefix_never_shows_second_names(tmp_path: Path) -> None:
+    (tmp_path / ".obj.0123456789abcdef.fc-old").write_bytes(b"retired")
+    (tmp_path / "other").write_bytes(b"x")
+    assert backend_for(str(tmp_path)).list_prefix(str(tmp_path)) == [str(tmp_path / "other")]
