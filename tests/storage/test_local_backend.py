@@ -107,9 +107,10 @@ def test_a_read_of_a_truncated_object_fails_the_size_check(tmp_path: Path) -> No
         read_to_end(reader)
 
 
-def test_temp_files_left_by_a_dead_writer_are_removed_by_the_next_save(tmp_path: Path) -> None:
+@pytest.mark.parametrize("suffix", [".fc-tmp", ".fc-old"], ids=["temp file", "retired second name"])
+def test_names_left_by_a_killed_save_are_removed_by_the_next_save(tmp_path: Path, suffix: str) -> None:
     target = tmp_path / "obj"
-    orphan = tmp_path / ".obj.deadbeef.fc-tmp"
+    orphan = tmp_path / f".obj.deadbeef{suffix}"
     orphan.write_bytes(b"left by a killed process")
     write(str(target), b"fresh")
     assert not orphan.exists()
@@ -389,14 +390,6 @@ def test_the_object_being_replaced_has_a_second_name_when_the_rename_drops_it(
     monkeypatch.setattr(os, "replace", replace)
     write(str(target), b"new")
     assert seen == [(2, [b"old"])]
-
-
-def test_second_names_left_by_a_killed_save_are_removed_by_the_next_save(tmp_path: Path) -> None:
-    target = tmp_path / "obj"
-    left = tmp_path / ".obj.0123456789abcdef.fc-old"
-    left.write_bytes(b"an object a killed save had retired")
-    write(str(target), b"data")
-    assert not left.exists()
 
 
 def test_listing_a_prefix_never_shows_second_names(tmp_path: Path) -> None:
