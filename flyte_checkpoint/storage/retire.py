@@ -21,12 +21,12 @@ RETIRED_SUFFIX = ".fc-old"
 
 def retire(dest: Path) -> Path | None:
     """Give the object at ``dest`` a second name; ``None`` if there is none or links fail."""
-    retired = dest.parent / f".{dest.name}.{os.urandom(8).hex()}{RETIRED_SUFFIX}"
+    retired = f"{dest.parent}/.{dest.name}.{os.urandom(8).hex()}{RETIRED_SUFFIX}"
     try:
         os.link(dest, retired, follow_symlinks=False)
     except OSError:  # no object yet, or no hard links here: the rename frees it inline
         return None
-    return retired
+    return Path(retired)
 
 
 def release(retired: Path) -> None:
