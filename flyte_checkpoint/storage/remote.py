@@ -201,27 +201,33 @@ class _StreamedS3Object(io.RawIOBase):
     s3fs's read-ahead file holds a whole block as one ``bytes`` while aiohttp gathers the next
     one (about four blocks resident: 64 MiB at 16 MiB blocks), and it sends a ranged GET per
     block, which S3-compatible servers such as moto answer by copying the whole object each
-    time. A streamed body holds only what aiohttp buffers from the socket. A body that breaks
-    off is reopened where it stopped, pinned to the ETag the load started with, so a resumed
-    read cannot continue into a replacement object (the store answers 412, which the caller's
-    retry takes as transient and starts over).
+    time. A streamed body holds only what aiohttp buffers from the socket. The GET's own
+    response describes the object (size, ETag, metadata), so a load is one request, not a HEAD
+    for the description, another for the metadata and then the GET. A body that breaks off is
+    reopened where it stopped, pinned to the ETag of the first response, so a resumed read
+    cannot continue into a replacement object (the store answers 412, which the caller's retry
+    takes as transient and starts over).
     """
 
-    def __init__(self, fs: Any, uri: str, info: ObjectInfo) -> None:
+    def __init__(self, fs: Any, uri: str) -> None:
         super().__init__()
         self._fs = fs
+        self._uri = uri
         self._bucket, self._key, self._version_id = fs.split_path(uri)
-        self._size = info.size
-        self._etag = info.version
+        self._size = 0
+        self._etag: str | None = None
         self._offset = 0
         self._body: Any = None
 
     def readable(self) -> bool:
         return True
 
-    def open(self) -> None:
-        """Send the GET now, so an object deleted since ``info()`` shows as ``FileNotFoundError``."""
-        sync(self._fs.loop, self._open)
+    def open(self) -> ObjectInfo:
+        """Send the GET; describe the object from its response (``FileNotFoundError`` if absent)."""
+        response = sync(self._fs.loop, self._open)
+        info = _s3_object_info(self._uri, response)
+        self._size, self._etag = info.size, info.version
+        return info
 
     def readinto(self, buffer: Any) -> int:
         with memoryview(buffer) as view, view.cast("B") as target:
@@ -234,14 +240,17 @@ class _StreamedS3Object(io.RawIOBase):
                 sync(self._fs.loop, self._drop_body)
         super().close()
 
-    async def _open(self) -> None:
+    async def _open(self) -> Mapping[str, Any]:
         pinned = {"IfMatch": self._etag} if self._etag else {}
         if self._version_id:
             pinned["VersionId"] = self._version_id
         if self._offset:
             pinned["Range"] = f"bytes={self._offset}-"
-        response = await self._fs._call_s3("get_object", Bucket=self._bucket, Key=self._key, **pinned)
+        response: Mapping[str, Any] = await self._fs._call_s3(
+            "get_object", Bucket=self._bucket, Key=self._key, **pinned
+        )
         self._body = response["Body"]
+        return response
 
     async def _drop_body(self) -> None:
         body, self._body = self._body, None
@@ -263,13 +272,31 @@ class _StreamedS3Object(io.RawIOBase):
                     raise
                 await asyncio.sleep(min(0.1 * 2 ** (failures - 1), 2.0))
                 continue
-            if not chunk:  # shorter than info() said: the size check at end-of-file reports it
+            if not chunk:  # shorter than the response said: the size check at end-of-file reports it
                 break
             failures = 0
             target[filled : filled + len(chunk)] = chunk
             filled += len(chunk)
             self._offset += len(chunk)
         return filled
+
+
+def _our_metadata(raw: Mapping[str, Any]) -> dict[str, str]:
+    # Stores and clients report metadata keys with hyphens where they were written with underscores.
+    normalised = {key.lower().replace("-", "_"): str(value) for key, value in raw.items()}
+    return {key: value for key, value in normalised.items() if key in _OUR_KEYS}
+
+
+def _s3_object_info(uri: str, response: Mapping[str, Any]) -> ObjectInfo:
+    """Describe an object from its ``head_object`` or ``get_object`` response."""
+    etag = response.get("ETag")
+    return ObjectInfo(
+        uri=uri,
+        size=int(response.get("ContentLength") or 0),
+        metadata=_our_metadata(response.get("Metadata") or {}),
+        version=str(etag) if etag is not None else None,
+        modified=response.get("LastModified"),
+    )
 
 
 class FsspecBackend(Backend):
@@ -332,22 +359,27 @@ class FsspecBackend(Backend):
         return writer
 
     def open_read(self, uri: str) -> VerifyingReader | None:
-        info = self.info(uri)
-        if info is None:
-            return None
-        with self._errors(uri, "loading"):
-            try:
-                stream: IO[bytes]
-                if self.profile.streamed_reads:
-                    streamed = _StreamedS3Object(self.fs, uri, info)
-                    streamed.open()
-                    stream = cast(IO[bytes], streamed)
-                else:
+        stream: IO[bytes]
+        if self.profile.streamed_reads:
+            streamed = _StreamedS3Object(self.fs, uri)
+            with self._errors(uri, "loading"):
+                try:
+                    info = streamed.open()
+                except FileNotFoundError:
+                    return None
+            stream = cast(IO[bytes], streamed)
+        else:
+            found = self.info(uri)
+            if found is None:
+                return None
+            info = found
+            with self._errors(uri, "loading"):
+                try:
                     stream = self.fs.open(
                         uri, "rb", block_size=self.profile.block_size, cache_type="readahead"
                     )
-            except FileNotFoundError:
-                return None
+                except FileNotFoundError:
+                    return None
         return VerifyingReader(
             stream,
             info,
@@ -366,6 +398,8 @@ class FsspecBackend(Backend):
         return changed
 
     def info(self, uri: str) -> ObjectInfo | None:
+        if self.protocol == "s3":
+            return self._s3_info(uri)
         with self._errors(uri, "inspecting"):
             try:
                 details = self.fs.info(uri)
@@ -384,12 +418,21 @@ class FsspecBackend(Backend):
             modified=modified if not isinstance(modified, str) else None,
         )
 
+    def _s3_info(self, uri: str) -> ObjectInfo | None:
+        # One HEAD: s3fs's info() leaves out the user metadata, which cost a second HEAD.
+        bucket, key, version_id = self.fs.split_path(uri)
+        versioned = {"VersionId": version_id} if version_id else {}
+        with self._errors(uri, "inspecting"):
+            try:
+                response = sync(
+                    self.fs.loop, self.fs._call_s3, "head_object", Bucket=bucket, Key=key, **versioned
+                )
+            except FileNotFoundError:
+                return None
+        return _s3_object_info(uri, response)
+
     def _metadata(self, uri: str, details: Mapping[str, Any]) -> dict[str, str]:
-        # s3fs keeps user metadata out of info(): one HEAD more there.
-        raw = self.fs.metadata(uri) if self.protocol == "s3" else details.get("metadata") or {}
-        # s3fs reports metadata keys with hyphens where they were written with underscores.
-        normalised = {key.lower().replace("-", "_"): str(value) for key, value in raw.items()}
-        return {key: value for key, value in normalised.items() if key in _OUR_KEYS}
+        return _our_metadata(details.get("metadata") or {})
 
     def copy(self, src: str, dst: str) -> None:
         if not self.profile.server_side_copy:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fsspec.asyn import sync
 
 from flyte_checkpoint import (
     BackendNotInstalledError,
@@ -157,25 +158,32 @@ def test_checkpoints_built_with_the_same_options_share_one_client(remote: Remote
 
 
 @pytest.mark.parametrize("remote", ["s3"], indirect=True)
-def test_an_s3_object_replaced_after_its_info_was_read_is_loaded_again_whole(
+def test_an_s3_load_cut_off_after_its_object_was_replaced_starts_over_and_loads_the_new_one(
     remote: Remote, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    checkpoint(remote, "replaced").save_sync(b"the old version")
-    stale = backend_for(remote.uri("replaced"), remote.storage_options).info(remote.uri("replaced"))
-    checkpoint(remote, "replaced").save_sync(b"the new version, longer")
-    original = remote_module.FsspecBackend.info
-    calls = []
+    old, new = os.urandom(3 << 20), os.urandom(3 << 20)
+    checkpoint(remote, "replaced").save_sync(old)
+    streams: list[Any] = []
+    original_init = remote_module._StreamedS3Object.__init__
 
-    def stale_first(self: Any, uri: str) -> Any:
-        calls.append(uri)
-        return stale if len(calls) == 1 else original(self, uri)
+    def recording_init(self: Any, *args: Any) -> None:
+        original_init(self, *args)
+        streams.append(self)
 
-    monkeypatch.setattr(remote_module.FsspecBackend, "info", stale_first)
-    # The GET is pinned to the ETag read first; the store refuses it (412), the load starts over.
-    restored = checkpoint(remote, "unused", "replaced").load_sync()
+    monkeypatch.setattr(remote_module._StreamedS3Object, "__init__", recording_init)
+    options = {**remote.storage_options, "retries": 1}
+
+    def replace_and_cut_off(done: int, total: int | None) -> None:
+        if done >= 1 << 20 and len(streams) == 1 and streams[0]._body is not None:
+            Checkpoint(remote.uri("replaced"), storage_options=options).save_sync(new)
+            sync(streams[0]._fs.loop, streams[0]._drop_body)  # the connection breaks
+
+    cp = Checkpoint(remote.uri("unused"), remote.uri("replaced"), storage_options=options)
+    restored = cp.load_sync(progress=replace_and_cut_off)
+    # The resumed GET is pinned to the first ETag: refused (412), so the load started over.
     assert restored is not None
-    assert restored.read_bytes() == b"the new version, longer"
-    assert len(calls) >= 2
+    assert restored.read_bytes() == new
+    assert len(streams) == 2
 
 
 def test_the_format_and_digest_travel_with_a_payload(remote: Remote) -> None:
