@@ -21,7 +21,6 @@ or a crash right after "checkpoint saved" could leave the previous object in pla
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing_extensions import override
 
 from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
+from flyte_checkpoint.integrations._restore import replace_contents, restore_directory
 from flyte_checkpoint.latest import latest_checkpoint
 
 __all__ = ["MirroredModelCheckpoint", "restore_last_checkpoint"]
@@ -153,18 +153,12 @@ def restore_last_checkpoint(
         InvalidCheckpointInputError: the previous checkpoint is a single object (``payload``),
             not a directory, so it was not written by :class:`MirroredModelCheckpoint`.
     """
-    restored = checkpoint.load_sync()
+    restored = restore_directory(
+        checkpoint,
+        not_a_directory="not a directory of Lightning checkpoints; save the ModelCheckpoint "
+        "directory (MirroredModelCheckpoint does)",
+    )
     if restored is None:
         return None
-    if not restored.is_dir():
-        raise InvalidCheckpointInputError(
-            f"the previous checkpoint restored as a single object ({restored}), not a directory of "
-            "Lightning checkpoints; save the ModelCheckpoint directory (MirroredModelCheckpoint does)"
-        )
-    root = restored
-    if dirpath is not None:
-        root = _local_directory(dirpath)
-        if root.exists():
-            shutil.rmtree(root)
-        shutil.copytree(restored, root, symlinks=True)
+    root = restored if dirpath is None else replace_contents(_local_directory(dirpath), restored)
     return latest_checkpoint(root, glob_pattern)

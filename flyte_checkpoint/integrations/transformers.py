@@ -20,7 +20,6 @@ training moves on, or a crash right after "checkpoint saved" could leave the pre
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
+from flyte_checkpoint.integrations._restore import replace_contents, restore_directory
 
 __all__ = ["MirrorOutputDirCallback", "restore_last_checkpoint"]
 
@@ -81,18 +81,14 @@ def restore_last_checkpoint(
         InvalidCheckpointInputError: the previous checkpoint is a single object (``payload``),
             not a directory, so it was not written by :class:`MirrorOutputDirCallback`.
     """
-    restored = checkpoint.load_sync()
+    restored = restore_directory(
+        checkpoint,
+        not_a_directory="not a Trainer output directory; save the output directory "
+        "(MirrorOutputDirCallback does)",
+    )
     if restored is None:
         return None
-    if not restored.is_dir():
-        raise InvalidCheckpointInputError(
-            f"the previous checkpoint restored as a single object ({restored}), not a Trainer output "
-            "directory; save the output directory (MirrorOutputDirCallback does)"
-        )
     root = restored
     if output_dir is not None:
-        root = Path(output_dir).expanduser().absolute()
-        if root.exists():
-            shutil.rmtree(root)
-        shutil.copytree(restored, root, symlinks=True)
+        root = replace_contents(Path(output_dir).expanduser().absolute(), restored)
     return _get_last_checkpoint(str(root))
