@@ -27,7 +27,6 @@ from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.restore import restore_object
 from flyte_checkpoint.snapshot import Snapshot, take_snapshot
 from flyte_checkpoint.storage import (
-    COPY_CHUNK,
     FORMAT_KEY,
     SIZE_KEY,
     Backend,
@@ -35,7 +34,7 @@ from flyte_checkpoint.storage import (
     StorageOptions,
     backend_for,
 )
-from flyte_checkpoint.storage.base import ReadsInto
+from flyte_checkpoint.storage.base import ReadsInto, read_chunks
 from flyte_checkpoint.storage.digests import ContentDigest, digest_of
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
@@ -400,9 +399,8 @@ def _validated(data: SaveData) -> bytes | Path:
 
 def _digest_of_stream(source: ReadsInto) -> str:
     digest = ContentDigest()
-    buffer = memoryview(bytearray(COPY_CHUNK))
-    while count := source.readinto(buffer):
-        digest.update(buffer[:count])
+    for chunk in read_chunks(source):
+        digest.update(chunk)
     return digest.value
 
 

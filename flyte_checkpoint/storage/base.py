@@ -6,7 +6,7 @@ import abc
 import contextlib
 import io
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 from types import TracebackType
@@ -38,6 +38,14 @@ class ReadsInto(Protocol):
     """A binary stream that can fill a caller's buffer (files, :class:`VerifyingReader`)."""
 
     def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+def read_chunks(source: ReadsInto, chunk_size: int = COPY_CHUNK) -> Iterator[memoryview]:
+    """The rest of ``source``, chunk by chunk, read into one reused buffer instead of a new
+    ``bytes`` per read: each chunk is valid only until the next one is read."""
+    view = memoryview(bytearray(chunk_size))
+    while count := source.readinto(view):
+        yield view[:count]
 
 
 class ObjectInfo(BaseModel):
@@ -105,14 +113,12 @@ class ObjectWriter(abc.ABC):
     def write_from(self, source: ReadsInto, chunk_size: int = COPY_CHUNK) -> int:
         """Append everything ``source`` holds from its position to its end; return the count.
 
-        One buffer is reused for every chunk, instead of a new ``bytes`` per read.
+        See :func:`read_chunks`.
         """
-        buffer = bytearray(chunk_size)
-        view = memoryview(buffer)
         total = 0
-        while count := source.readinto(view):
-            self.write(view[:count])
-            total += count
+        for chunk in read_chunks(source, chunk_size):
+            self.write(chunk)
+            total += len(chunk)
         return total
 
     def writable(self) -> bool:
