@@ -30,7 +30,7 @@ from flyte_checkpoint.storage.base import (
 )
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.kernel_copy import KernelCopy, regular_file_descriptor
-from flyte_checkpoint.storage.retire import RETIRED_SUFFIX, release, remove_retired, retire
+from flyte_checkpoint.storage.retire import RETIRED_SUFFIX, release, retire
 from flyte_checkpoint.uris import local_path
 
 # Every record of an object in one extended attribute of at most 56 bytes, the space ext4 has
@@ -46,17 +46,24 @@ _TEMP_SUFFIX = ".fc-tmp"
 _XATTR_UNSUPPORTED = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.E2BIG, errno.ENOSPC}
 
 
-def temp_files_for(dest: Path) -> list[Path]:
-    """The temporary files that saves of ``dest`` create beside it (live or left by a crash)."""
+def _files_beside(dest: Path, suffix: str) -> list[Path]:
+    """The files ``.<dest's name>.<random><suffix>`` that saves of ``dest`` create beside it."""
     prefix = f".{dest.name}."
     try:
-        return [
-            dest.parent / name
-            for name in os.listdir(dest.parent)
-            if name.startswith(prefix) and name.endswith(_TEMP_SUFFIX)
-        ]
+        names = os.listdir(dest.parent)
     except FileNotFoundError:
         return []
+    return [dest.parent / name for name in names if name.startswith(prefix) and name.endswith(suffix)]
+
+
+def temp_files_for(dest: Path) -> list[Path]:
+    """The temporary files that saves of ``dest`` create beside it (live or left by a crash)."""
+    return _files_beside(dest, _TEMP_SUFFIX)
+
+
+def retired_names_for(dest: Path) -> list[Path]:
+    """Second names of ``dest``'s replaced objects still on disk (pending, or left by a crash)."""
+    return _files_beside(dest, RETIRED_SUFFIX)
 
 
 def remove_stale_temp_files(dest: Path) -> int:
@@ -83,7 +90,9 @@ def _sweep_once(dest: Path) -> None:
             return
         _swept.add(dest)
     remove_stale_temp_files(dest)
-    remove_retired(dest)
+    for retired in retired_names_for(dest):  # nothing reads an object by its second name
+        with contextlib.suppress(OSError):
+            os.unlink(retired)
 
 
 class LocalWriter(ObjectWriter):

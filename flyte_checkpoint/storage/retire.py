@@ -34,22 +34,6 @@ def release(retired: Path) -> None:
     _REAPER.put(retired)
 
 
-def retired_names_for(dest: Path) -> list[Path]:
-    """Second names of ``dest``'s replaced objects still on disk (pending, or left by a crash)."""
-    prefix = f".{dest.name}."
-    try:
-        names = os.listdir(dest.parent)
-    except FileNotFoundError:
-        return []
-    return [dest.parent / name for name in names if name.startswith(prefix) and name.endswith(RETIRED_SUFFIX)]
-
-
-def remove_retired(dest: Path) -> None:
-    """Unlink every second name of ``dest`` now: nothing reads an object by those names."""
-    for path in retired_names_for(dest):
-        _unlink(path)
-
-
 def _unlink(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)

@@ -24,9 +24,9 @@ from flyte_checkpoint.storage.local import (
     decode_record,
     encode_record,
     remove_stale_temp_files,
+    retired_names_for,
     temp_files_for,
 )
-from flyte_checkpoint.storage.retire import retired_names_for
 from tests.conftest import damage_in_place, truncate_in_place
 
 
