@@ -50,6 +50,21 @@ def slow_tests_enabled() -> bool:
     return os.environ.get(SLOW_ENV, "") not in ("", "0")
 
 
+def series_size(backend: str, kind: str) -> int:
+    """Bytes per checkpoint in a crash series: 20 MiB, a directory about 24 MiB locally; with
+    ``FLYTE_CHECKPOINT_SLOW_TESTS=1`` 256 MiB locally and 64 MiB on S3."""
+    slow = slow_tests_enabled()
+    if backend == "s3":
+        return (64 if slow else 20) * MiB
+    return (256 if slow else 24 if kind == "dir" else 20) * MiB
+
+
+PRELOAD = {"local": (), "s3": ("flyte_checkpoint.storage.remote", "s3fs")}
+"""Modules the zygote imports before forking workers, per backend."""
+SPREAD = 1.2
+"""Kills are spread from 0 to this multiple of a reference run's duration."""
+
+
 @dataclass(frozen=True)
 class Event:
     """One line of narration and when the parent read it (``time.monotonic``)."""

@@ -30,6 +30,7 @@ import pytest
 
 from flyte_checkpoint import Checkpoint
 from tests.crash.harness import (
+    PRELOAD,
     MiB,
     OnceEach,
     TrialLog,
@@ -38,23 +39,18 @@ from tests.crash.harness import (
     observe,
     reaping,
     record,
-    slow_tests_enabled,
+    series_size,
     write_model_tree,
     write_random_file,
 )
 from tests.crash.workers import content_digest
 from tests.storage_servers import StorageServer, create_bucket
 
-SLOW = slow_tests_enabled()
-LOCAL_SIZE = 256 * MiB if SLOW else 20 * MiB
-LOCAL_TREE_SIZE = 256 * MiB if SLOW else 24 * MiB
-S3_SIZE = 64 * MiB if SLOW else 20 * MiB
 LOCAL_ROUNDS = 8
 S3_ROUNDS = 4
 
 START_DELAY = 0.3
 """Seconds from forking a round's two workers to the moment both start saving."""
-PRELOAD = {"local": (), "s3": ("flyte_checkpoint.storage.remote", "s3fs")}
 
 SERIES = [("local", "bytes"), ("local", "file"), ("local", "dir"), ("s3", "file")]
 
@@ -133,9 +129,9 @@ def concurrent_series(
     def get(backend: str, kind: str) -> Series:
         def run() -> Series:
             root = tmp_path_factory.mktemp(f"concurrent-{backend}-{kind}")
+            size = series_size(backend, kind)
             if backend == "local":
                 dest = str(root / "store" / "checkpoint")
-                size = LOCAL_TREE_SIZE if kind == "dir" else LOCAL_SIZE
                 return _run_series(
                     backend, kind, root, dest, None, lambda: local_temp_files(dest), size, LOCAL_ROUNDS
                 )
@@ -148,7 +144,16 @@ def concurrent_series(
                 fs.invalidate_cache()
                 return frozenset(set(fs.find(bucket)) - {f"{bucket}/attempt/checkpoint"})
 
-            return _run_series(backend, kind, root, dest, server.storage_options, stray, S3_SIZE, S3_ROUNDS)
+            return _run_series(
+                backend,
+                kind,
+                root,
+                dest,
+                server.storage_options,
+                stray,
+                size,
+                S3_ROUNDS,
+            )
 
         return cache.get((backend, kind), run)
 

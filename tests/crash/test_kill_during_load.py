@@ -35,6 +35,8 @@ import pytest
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.workspace import WORKSPACE_PREFIX
 from tests.crash.harness import (
+    PRELOAD,
+    SPREAD,
     Event,
     KillPoint,
     MiB,
@@ -45,24 +47,18 @@ from tests.crash.harness import (
     observe,
     plan_kills,
     record,
-    slow_tests_enabled,
+    series_size,
     write_model_tree,
     write_random_file,
 )
 from tests.crash.workers import content_digest
 from tests.storage_servers import StorageServer, create_bucket
 
-SLOW = slow_tests_enabled()
-LOCAL_SIZE = 256 * MiB if SLOW else 20 * MiB
-LOCAL_TREE_SIZE = 256 * MiB if SLOW else 24 * MiB
-S3_SIZE = 64 * MiB if SLOW else 20 * MiB
 LOCAL_KILLS = 25
 S3_KILLS = 10
 REFERENCE_LOADS = 3
 """Uninterrupted loads first; the kill points are planned on the narration of the last one."""
-SPREAD = 1.2
 
-PRELOAD = {"local": (), "s3": ("flyte_checkpoint.storage.remote", "s3fs")}
 
 SERIES = [("local", "file"), ("local", "dir"), ("s3", "file")]
 FILE_SERIES = [pair for pair in SERIES if pair[1] == "file"]
@@ -187,13 +183,13 @@ def load_series(
     def get(backend: str, kind: str) -> Series:
         def run() -> Series:
             root = tmp_path_factory.mktemp(f"kill-load-{backend}-{kind}")
+            size = series_size(backend, kind)
             if backend == "local":
                 src = str(root / "store" / "checkpoint")
-                size = LOCAL_TREE_SIZE if kind == "dir" else LOCAL_SIZE
                 return _run_series(backend, kind, root, src, None, size, LOCAL_KILLS)
             server: StorageServer = request.getfixturevalue("s3_server")
             src = f"s3://{create_bucket(server, f'load-{kind}')}/attempt/checkpoint"
-            return _run_series(backend, kind, root, src, server.storage_options, S3_SIZE, S3_KILLS)
+            return _run_series(backend, kind, root, src, server.storage_options, size, S3_KILLS)
 
         return cache.get((backend, kind), run)
 

@@ -54,6 +54,8 @@ from typing import Any
 import pytest
 
 from tests.crash.harness import (
+    PRELOAD,
+    SPREAD,
     Event,
     KillPoint,
     MiB,
@@ -65,32 +67,24 @@ from tests.crash.harness import (
     observe,
     plan_kills,
     record,
-    slow_tests_enabled,
+    series_size,
     write_model_tree,
     write_random_file,
 )
 from tests.crash.workers import content_digest
 from tests.storage_servers import StorageServer, create_bucket
 
-SLOW = slow_tests_enabled()
-LOCAL_SIZE = 256 * MiB if SLOW else 20 * MiB
-LOCAL_TREE_SIZE = 256 * MiB if SLOW else 24 * MiB
-S3_SIZE = 64 * MiB if SLOW else 20 * MiB
 LOCAL_KILLS = 50
 S3_KILLS = 25
 REFERENCE_SAVES = ("A", "B", "A", "B")
 """Uninterrupted saves before the kills; the last one of each version is the reference run
 whose narration the kill points are planned on."""
-SPREAD = 1.2
-"""Kills are spread from 0 to this multiple of a reference save's duration."""
 
 RACE_MARKS = ("pre-conditions you specified did not hold", "replaced while it was being read")
 """In the errors of a load whose object was replaced after it read its ETag (S3's 412), or
 while it read the body."""
 SETTLE_SECONDS = 0.5
 
-PRELOAD = {"local": (), "s3": ("flyte_checkpoint.storage.remote", "s3fs")}
-"""Modules the zygote imports before forking workers, per backend."""
 
 SERIES = [
     ("local", "bytes"),
@@ -301,11 +295,11 @@ def kill_series(
     def get(backend: str, kind: str) -> Series:
         def run() -> Series:
             root = tmp_path_factory.mktemp(f"kill-save-{backend}-{kind}")
+            size = series_size(backend, kind)
             if backend == "local":
-                size = LOCAL_TREE_SIZE if kind == "dir" else LOCAL_SIZE
                 return _run_series(backend, kind, root, _local_place(root), size, LOCAL_KILLS)
             server: StorageServer = request.getfixturevalue("s3_server")
-            return _run_series(backend, kind, root, _s3_place(server, kind), S3_SIZE, S3_KILLS)
+            return _run_series(backend, kind, root, _s3_place(server, kind), size, S3_KILLS)
 
         return cache.get((backend, kind), run)
 
