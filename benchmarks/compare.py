@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import fcntl
 import fnmatch
-import hashlib
 import importlib
 import json
 import os
@@ -33,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
+
+from _worker import tree_digest  # this directory is on sys.path when the script runs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -161,7 +162,7 @@ def _write_dataset_locked(
     build(partial)
     partial.rename(target)
     size, files = _content_size(target)
-    digest = _tree_digest(target)
+    digest = tree_digest(target)
     manifest.write_text(json.dumps({**expected, "size_bytes": size, "digest": digest, "files": files}))
     log(f"  {size / MIB:.1f} MiB in {files} file(s), {time.perf_counter() - started:.1f} s")
     return Dataset(kind, target, size, digest, files)
@@ -240,28 +241,6 @@ def _content_size(root: Path) -> tuple[int, int]:
         return root.stat().st_size, 1
     files = [path for path in root.rglob("*") if path.is_file()]
     return sum(path.stat().st_size for path in files), len(files)
-
-
-def _tree_digest(root: Path) -> str:
-    """Same algorithm as ``_worker.tree_digest`` (kept in step by the smoke test's checks)."""
-    digest = hashlib.sha256()
-    if root.is_file():
-        with open(root, "rb") as content:
-            while chunk := content.read(MIB):
-                digest.update(chunk)
-        return digest.hexdigest()
-    for path in sorted(root.rglob("*")):
-        name = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            digest.update(f"L {name} {os.readlink(path)}\n".encode())
-        elif path.is_dir():
-            digest.update(f"D {name}\n".encode())
-        else:
-            digest.update(f"F {name} {path.stat().st_size}\n".encode())
-            with open(path, "rb") as content:
-                while chunk := content.read(MIB):
-                    digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _remove(path: Path) -> None:
@@ -731,7 +710,7 @@ def check_compat(
         done = subprocess.run(
             ["tar", "-xzf", str(ours_object), "-C", str(extract)], capture_output=True, text=True
         )
-        ok = done.returncode == 0 and _tree_digest(extract) == directory.digest
+        ok = done.returncode == 0 and tree_digest(extract) == directory.digest
         checks.append(
             {
                 "name": "tar -xzf reads our directory object (same tree)",
