@@ -233,7 +233,7 @@ def test_keyboard_interrupt_is_not_retried(tmp_path: Path) -> None:
 @pytest.mark.parametrize("retries", [-1, 1.5, True, "2"])
 def test_retries_must_be_a_whole_number(tmp_path: Path, retries: object) -> None:
     with pytest.raises(InvalidCheckpointInputError, match="retries"):
-        run_with_retries(lambda: None, retries=retries, checkpoint_dir=tmp_path)  # type: ignore[arg-type]
+        run_with_retries(lambda: None, retries=retries, checkpoint_dir=tmp_path)  # type: ignore[call-overload]
 
 
 def test_without_a_checkpoint_dir_a_temporary_one_is_used_and_removed() -> None:
