@@ -339,11 +339,11 @@ def test_the_example_task_resumes_after_each_planned_failure(tmp_path: Path) -> 
     finally:
         shutil.rmtree(SDK_LOCAL_METADATA / name, ignore_errors=True)
     assert result.returncode == 0, result.stderr
-    resumed = [line for line in result.stdout.splitlines() if line.startswith("resumed from checkpoint at")]
+    resumed = [line for line in result.stdout.splitlines() if ": resumed from checkpoint at" in line]
     assert resumed == [
-        "resumed from checkpoint at nothing: starting at 0",
-        "resumed from checkpoint at 4",
-        "resumed from checkpoint at 8",
+        "attempt 0: resumed from checkpoint at nothing: starting at 0",
+        "attempt 1: resumed from checkpoint at 4",
+        "attempt 2: resumed from checkpoint at 8",
     ]
     assert result.stdout.strip().endswith("result: 10")
 
