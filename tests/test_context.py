@@ -177,8 +177,9 @@ async def test_ctx_follows_work_handed_to_a_thread_by_asyncio() -> None:
         assert await asyncio.to_thread(ctx) is context
 
 
-def test_a_checkpoint_built_in_a_task_repairs_remote_sources_with_the_context_names_and_attempt() -> None:
-    context = TaskContext(
+def second_attempt_on_s3() -> TaskContext:
+    """Attempt 2 of action ``act`` in run ``run1``, whose executor named the source after attempt 2."""
+    return TaskContext(
         checkpoint_paths=CheckpointPaths(
             checkpoint_path="s3://bucket/data/run1/act/2/cp",
             prev_checkpoint_path="s3://bucket/data/run1/act/2/prev",
@@ -187,21 +188,17 @@ def test_a_checkpoint_built_in_a_task_repairs_remote_sources_with_the_context_na
         action_name="act",
         attempt_number=2,
     )
+
+
+def test_a_checkpoint_built_in_a_task_repairs_remote_sources_with_the_context_names_and_attempt() -> None:
+    context = second_attempt_on_s3()
     assert context.checkpoint is not None
     assert context.checkpoint.remote_source == "s3://bucket/data/run1/act/1/prev"
 
 
 def test_the_helper_is_repaired_with_its_own_context_even_inside_another_one() -> None:
     """The source segment 2 is repaired for attempt 2 (the helper's context), not attempt 5."""
-    helper_context = TaskContext(
-        checkpoint_paths=CheckpointPaths(
-            checkpoint_path="s3://bucket/data/run1/act/2/cp",
-            prev_checkpoint_path="s3://bucket/data/run1/act/2/prev",
-        ),
-        run_name="run1",
-        action_name="act",
-        attempt_number=2,
-    )
+    helper_context = second_attempt_on_s3()
     with task_context(TaskContext(run_name="other", action_name="other", attempt_number=5)):
         checkpoint = helper_context.checkpoint
     assert checkpoint is not None

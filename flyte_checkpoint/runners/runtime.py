@@ -41,10 +41,11 @@ def resolve_task(reference: str | TaskFunction) -> TaskFunction:
     return target  # type: ignore[no-any-return]
 
 
-def _built_helper(context: TaskContext) -> Checkpoint | None:
-    """The checkpoint helper the attempt built, if it asked for one (never builds one)."""
+def _close_helper(context: TaskContext) -> None:
+    """Close the checkpoint helper the attempt built, if it asked for one (never builds one)."""
     helper = context.data.get(CHECKPOINT_CACHE_KEY)
-    return helper if isinstance(helper, Checkpoint) else None
+    if isinstance(helper, Checkpoint):
+        helper.close()
 
 
 @contextlib.contextmanager
@@ -54,9 +55,7 @@ def attempt_scope(context: TaskContext) -> Iterator[TaskContext]:
         with task_context(context):
             yield context
     finally:
-        helper = _built_helper(context)
-        if helper is not None:
-            helper.close()
+        _close_helper(context)
 
 
 @contextlib.asynccontextmanager
@@ -70,9 +69,7 @@ async def attempt_scope_async(context: TaskContext) -> AsyncIterator[TaskContext
         with task_context(context):
             yield context
     finally:
-        helper = _built_helper(context)
-        if helper is not None:
-            await asyncio.to_thread(helper.close)
+        await asyncio.to_thread(_close_helper, context)
 
 
 def call_task(fn: TaskFunction, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
