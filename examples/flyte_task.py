@@ -4,8 +4,10 @@ Run it with ``python examples/flyte_task.py`` (needs ``pip install 'flyte-checkp
 It runs in the Flyte SDK's local mode, offline: the task counts to N, saving after each step,
 and fails on purpose every few steps; the SDK retries it (``retries=``), copying the last
 checkpoint to ``prev_checkpoint`` before each retry, and every attempt resumes where the last one
-stopped. The only line that makes ``flyte.ctx().checkpoint`` a ``flyte_checkpoint.Checkpoint``
-is ``flyte_checkpoint.integrations.flyte.install()``. On a cluster the same code runs remotely.
+stopped, printing its attempt number (0, 1, 2, ... in local mode too, where the SDK itself reports
+0 for every retry). The only line that makes ``flyte.ctx().checkpoint`` and
+``flyte_checkpoint.ctx()`` use ``flyte_checkpoint`` is
+``flyte_checkpoint.integrations.flyte.install()``. On a cluster the same code runs remotely.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import uuid
 
 import flyte
 
+import flyte_checkpoint
 import flyte_checkpoint.integrations.flyte
 
 flyte_checkpoint.integrations.flyte.install()
@@ -30,16 +33,22 @@ class PlannedFailure(RuntimeError):
 @env.task(retries=4)
 def count_to(n: int, fail_every: int) -> int:
     """Count from the last checkpoint to ``n``, saving each step, failing at every ``fail_every``."""
-    checkpoint = flyte.ctx().checkpoint  # a flyte_checkpoint.Checkpoint, the same on every access
+    # The same helper as flyte.ctx().checkpoint, typed as a flyte_checkpoint.Checkpoint.
+    checkpoint = flyte_checkpoint.integrations.flyte.checkpoint()
+    context = flyte_checkpoint.ctx()  # this Flyte task, seen through flyte_checkpoint
     assert checkpoint is not None
+    assert context is not None
+    attempt = context.attempt_number
     restored = checkpoint.load_sync()  # None on the first attempt
     start = int(restored.read_bytes()) if restored is not None else 0
     print(
-        "resumed from checkpoint at", start if restored is not None else "nothing: starting at 0", flush=True
+        f"attempt {attempt}: resumed from checkpoint at",
+        start if restored is not None else "nothing: starting at 0",
+        flush=True,
     )
     for value in range(start, n):
         if value > start and value % fail_every == 0:
-            print(f"failing on purpose at {value}", flush=True)
+            print(f"attempt {attempt}: failing on purpose at {value}", flush=True)
             raise PlannedFailure(f"planned failure at {value}")
         checkpoint.save_sync(str(value + 1).encode())
     return n

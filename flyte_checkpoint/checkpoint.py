@@ -17,6 +17,7 @@ from typing import IO, cast
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.background import BackgroundSaver
+from flyte_checkpoint.context import ctx
 from flyte_checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -413,8 +414,6 @@ def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> 
 def _names_from_context(run_name: str | None, action_name: str | None) -> tuple[str | None, str | None]:
     if run_name is not None and action_name is not None:
         return run_name, action_name
-    from flyte_checkpoint.context import ctx
-
     current = ctx()
     if current is None:
         return run_name, action_name

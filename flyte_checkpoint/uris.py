@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from flyte_checkpoint.errors import ConfigurationError, UnsupportedURIError
+from flyte_checkpoint.context import ATTEMPT_NUMBER_ENV, attempt_number_from_env, ctx
+from flyte_checkpoint.errors import UnsupportedURIError
+
+__all__ = [
+    "ATTEMPT_NUMBER_ENV",
+    "attempt_number_from_env",
+    "check_supported",
+    "clean_uri",
+    "current_attempt_number",
+    "is_local",
+    "local_path",
+    "repair_prev_checkpoint_uri",
+    "scheme_of",
+]
 
 LOCAL_SCHEMES = frozenset({"", "file", "local"})
 REMOTE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
 # The schemes for which an executor may hand over a previous-attempt URI that points at the
 # *current* attempt's directory (see :func:`repair_prev_checkpoint_uri`).
 REPAIRABLE_SCHEMES = frozenset({"s3", "gs", "gcs", "s3a", "abfss", "az"})
-
-ATTEMPT_NUMBER_ENV = "FLYTE_ATTEMPT_NUMBER"
 
 
 def clean_uri(value: str | None) -> str | None:
@@ -62,22 +72,18 @@ def local_path(uri: str) -> Path:
     return Path(unquote(parts.path)).absolute()
 
 
-def attempt_number_from_env() -> int:
-    """The attempt number in ``FLYTE_ATTEMPT_NUMBER`` (0 when unset); a clear error when malformed."""
-    raw = os.environ.get(ATTEMPT_NUMBER_ENV, "").strip()
-    if not raw:
-        return 0
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{ATTEMPT_NUMBER_ENV}={raw!r} is not an integer; set it to the 0-based attempt "
-            "number or unset it"
-        ) from None
+def current_attempt_number() -> int:
+    """The running task's attempt number: its :class:`TaskContext`'s, else ``FLYTE_ATTEMPT_NUMBER``."""
+    context = ctx()
+    return context.attempt_number if context is not None else attempt_number_from_env()
 
 
 def repair_prev_checkpoint_uri(
-    prev_uri: str, *, run_name: str | None = None, action_name: str | None = None
+    prev_uri: str,
+    *,
+    run_name: str | None = None,
+    action_name: str | None = None,
+    attempt_number: int | None = None,
 ) -> str:
     """Point a previous-attempt URI at the previous attempt's directory when it names the current one.
 
@@ -97,7 +103,7 @@ def repair_prev_checkpoint_uri(
     segment = int(match.group(1))
     if segment <= 1:
         return prev_uri
-    attempt = attempt_number_from_env()
+    attempt = current_attempt_number() if attempt_number is None else attempt_number
     if attempt >= 1 and segment not in (attempt, attempt + 1):
         return prev_uri
     start, end = match.span(1)

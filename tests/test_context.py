@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pydantic
 import pytest
 
+import flyte_checkpoint.context
 from flyte_checkpoint import (
     CHECKPOINT_CACHE_KEY,
     Checkpoint,
@@ -19,6 +22,7 @@ from flyte_checkpoint import (
     ctx,
     task_context,
 )
+from flyte_checkpoint.context import ContextProvider, register_context_provider, unregister_context_provider
 
 
 def paths(tmp_path: Path) -> CheckpointPaths:
@@ -85,19 +89,52 @@ def test_racing_first_accesses_agree_on_one_helper(tmp_path: Path) -> None:
     assert len({id(helper) for helper in seen}) == 1
 
 
+def test_the_context_module_imports_no_other_module_of_the_package_but_its_errors() -> None:
+    """A leaf: everything else (the checkpoint helper included) may import it without a cycle."""
+    tree = ast.parse(Path(flyte_checkpoint.context.__file__).read_text(encoding="utf-8"))
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in tree.body  # module level only; `if TYPE_CHECKING:` blocks are ast.If, not here
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert {name for name in imported if name and name.startswith("flyte_checkpoint")} == {
+        "flyte_checkpoint.errors"
+    }
+
+
 def test_attempt_number_defaults_to_zero() -> None:
     assert TaskContext().attempt_number == 0
 
 
-def test_attempt_number_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_attempt_number_is_a_field_of_the_context() -> None:
+    assert TaskContext(attempt_number=4).attempt_number == 4
+
+
+def test_an_unset_attempt_number_is_read_from_the_environment_when_the_context_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "3")
-    assert TaskContext().attempt_number == 3
+    context = TaskContext()
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "7")
+    assert context.attempt_number == 3
+
+
+def test_a_given_attempt_number_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "3")
+    assert TaskContext(attempt_number=1).attempt_number == 1
 
 
 def test_a_non_integer_attempt_number_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "three")
     with pytest.raises(ConfigurationError, match="FLYTE_ATTEMPT_NUMBER='three'"):
-        _ = TaskContext().attempt_number
+        TaskContext()
+
+
+@pytest.mark.parametrize("number", [-1, True, 1.0])
+def test_an_attempt_number_that_is_not_a_whole_number_is_refused(number: object) -> None:
+    with pytest.raises(ConfigurationError, match="attempt_number"):
+        TaskContext(attempt_number=number)  # type: ignore[arg-type]
 
 
 def test_ctx_is_none_outside_a_task() -> None:
@@ -140,17 +177,86 @@ async def test_ctx_follows_work_handed_to_a_thread_by_asyncio() -> None:
         assert await asyncio.to_thread(ctx) is context
 
 
-def test_a_checkpoint_built_in_a_task_repairs_remote_sources_with_the_context_names(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "2")
-    context = TaskContext(
+def second_attempt_on_s3() -> TaskContext:
+    """Attempt 2 of action ``act`` in run ``run1``, whose executor named the source after attempt 2."""
+    return TaskContext(
         checkpoint_paths=CheckpointPaths(
             checkpoint_path="s3://bucket/data/run1/act/2/cp",
             prev_checkpoint_path="s3://bucket/data/run1/act/2/prev",
         ),
         run_name="run1",
         action_name="act",
+        attempt_number=2,
     )
+
+
+def test_a_checkpoint_built_in_a_task_repairs_remote_sources_with_the_context_names_and_attempt() -> None:
+    context = second_attempt_on_s3()
     assert context.checkpoint is not None
     assert context.checkpoint.remote_source == "s3://bucket/data/run1/act/1/prev"
+
+
+def test_the_helper_is_repaired_with_its_own_context_even_inside_another_one() -> None:
+    """The source segment 2 is repaired for attempt 2 (the helper's context), not attempt 5."""
+    helper_context = second_attempt_on_s3()
+    with task_context(TaskContext(run_name="other", action_name="other", attempt_number=5)):
+        checkpoint = helper_context.checkpoint
+    assert checkpoint is not None
+    assert checkpoint.remote_source == "s3://bucket/data/run1/act/1/prev"
+
+
+# -- context providers: how a platform integration makes ctx() see its running task ----------------
+
+
+@pytest.fixture
+def provide() -> Iterator[list[ContextProvider]]:
+    """Register providers for one test; every one is unregistered afterwards."""
+    registered: list[ContextProvider] = []
+    yield registered
+    for provider in registered:
+        unregister_context_provider(provider)
+
+
+def _register(registered: list[ContextProvider], provider: ContextProvider) -> None:
+    registered.append(provider)
+    register_context_provider(provider)
+
+
+def test_ctx_asks_a_registered_provider_outside_a_task_context_block(
+    provide: list[ContextProvider],
+) -> None:
+    platform = TaskContext(run_name="platform")
+    _register(provide, lambda: platform)
+    assert ctx() is platform
+
+
+def test_a_task_context_block_wins_over_the_providers(provide: list[ContextProvider]) -> None:
+    _register(provide, lambda: TaskContext(run_name="platform"))
+    own = TaskContext(run_name="own")
+    with task_context(own):
+        assert ctx() is own
+
+
+def test_a_provider_answering_none_lets_the_next_one_answer(provide: list[ContextProvider]) -> None:
+    platform = TaskContext(run_name="platform")
+    _register(provide, lambda: platform)
+    _register(provide, lambda: None)
+    assert ctx() is platform
+
+
+def test_the_provider_registered_last_is_asked_first(provide: list[ContextProvider]) -> None:
+    first, second = TaskContext(run_name="first"), TaskContext(run_name="second")
+    _register(provide, lambda: first)
+    _register(provide, lambda: second)
+    assert ctx() is second
+
+
+def test_an_unregistered_provider_is_no_longer_asked() -> None:
+    def platform() -> TaskContext:
+        return TaskContext(run_name="platform")
+
+    register_context_provider(platform)
+    register_context_provider(platform)  # twice: still one entry
+    unregister_context_provider(platform)
+    assert ctx() is None
+    unregister_context_provider(platform)  # not registered: ignored

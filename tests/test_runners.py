@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import threading
+import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typing_extensions import assert_type  # typing.assert_type needs Python 3.11
 
 from flyte_checkpoint import (
     Checkpoint,
     CheckpointPaths,
+    CheckpointUnavailableError,
     ConfigurationError,
     InvalidCheckpointInputError,
     checkpoint_paths_for_run,
@@ -21,6 +27,10 @@ from flyte_checkpoint import (
     run_with_retries,
     run_with_retries_async,
 )
+from tests.fault_proxy import FaultProxy, status
+from tests.storage.conftest import Remote, remote_for
+from tests.storage.test_faults import options_through
+from tests.storage_servers import StorageServer
 
 RETRIES = 3
 
@@ -109,10 +119,10 @@ async def test_the_sync_runner_explains_itself_when_called_inside_an_event_loop(
     caught.value.__context__ = None
 
 
-def test_each_attempt_sees_its_attempt_number_and_it_is_restored_after(
+def test_each_attempt_sees_its_attempt_number_and_the_environment_is_left_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "outer")
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "7")
     seen: list[int] = []
 
     def task() -> str:
@@ -125,7 +135,33 @@ def test_each_attempt_sees_its_attempt_number_and_it_is_restored_after(
 
     assert run_with_retries(task, retries=5, checkpoint_dir=tmp_path) == "ok"
     assert seen == [0, 1, 2]
-    assert os.environ["FLYTE_ATTEMPT_NUMBER"] == "outer"
+    assert os.environ["FLYTE_ATTEMPT_NUMBER"] == "7"
+
+
+def test_two_runners_in_two_threads_each_see_their_own_attempt_numbers(tmp_path: Path) -> None:
+    """Runner A's attempt 0 and runner B's attempt 1 run at the same time; neither sees the other's."""
+    together = threading.Barrier(2, timeout=30)
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+
+    def task(name: str, failures: int) -> None:
+        context = ctx()
+        assert context is not None
+        if len(seen[name]) == failures:  # the attempt that runs alongside the other runner's
+            together.wait()
+        seen[name].append(context.attempt_number)
+        if len(seen[name]) <= failures:
+            raise RuntimeError("again")
+        together.wait()  # both read their number before either runner moves on
+
+    def run(name: str, retries: int) -> None:
+        run_with_retries(task, name, retries, retries=retries, checkpoint_dir=tmp_path / name)
+
+    runners = [threading.Thread(target=run, args=("a", 0)), threading.Thread(target=run, args=("b", 1))]
+    for runner in runners:
+        runner.start()
+    for runner in runners:
+        runner.join()
+    assert seen == {"a": [0], "b": [0, 1]}
 
 
 def test_each_attempt_gets_a_fresh_context_and_helper(tmp_path: Path) -> None:
@@ -233,7 +269,7 @@ def test_keyboard_interrupt_is_not_retried(tmp_path: Path) -> None:
 @pytest.mark.parametrize("retries", [-1, 1.5, True, "2"])
 def test_retries_must_be_a_whole_number(tmp_path: Path, retries: object) -> None:
     with pytest.raises(InvalidCheckpointInputError, match="retries"):
-        run_with_retries(lambda: None, retries=retries, checkpoint_dir=tmp_path)  # type: ignore[arg-type]
+        run_with_retries(lambda: None, retries=retries, checkpoint_dir=tmp_path)  # type: ignore[call-overload]
 
 
 def test_without_a_checkpoint_dir_a_temporary_one_is_used_and_removed() -> None:
@@ -334,3 +370,182 @@ def test_load_and_run_task_resolves_module_function_references(tmp_path: Path) -
 def test_bad_task_references_are_clear_errors(reference: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         load_and_run_task(reference, checkpoint_paths=None)
+
+
+# -- staging the previous checkpoint is part of the retry it serves ---------------------------------
+
+
+@pytest.fixture
+def s3_remote(s3_server: StorageServer) -> Remote:
+    return remote_for("s3", s3_server)
+
+
+@pytest.fixture
+def s3_proxy(s3_remote: Remote) -> Iterator[FaultProxy]:
+    with FaultProxy(upstream=("127.0.0.1", s3_remote.server.port)) as running:
+        yield running
+
+
+class _OnRetryLogged(logging.Handler):
+    """Calls ``action`` when the runner logs that attempt ``attempt`` failed and a retry follows."""
+
+    def __init__(self, attempt: int, action: object) -> None:
+        super().__init__(logging.WARNING)
+        self.prefix = f"attempt {attempt} failed"
+        self.action = action
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            self.action()  # type: ignore[operator]
+
+
+def test_a_store_that_stays_down_while_staging_uses_up_every_retry(
+    s3_remote: Remote, s3_proxy: FaultProxy
+) -> None:
+    calls = 0
+
+    def task() -> None:
+        nonlocal calls
+        calls += 1
+        current_checkpoint().save_sync(b"state")
+        s3_proxy.add_fault(status(503), times=None)  # the store goes down and stays down
+        raise RuntimeError("the task failed")
+
+    with pytest.raises(CheckpointUnavailableError) as caught:
+        run_with_retries(
+            task,
+            retries=2,
+            checkpoint_dir=s3_remote.uri("run"),
+            storage_options=options_through(s3_remote, s3_proxy),
+        )
+    assert calls == 1  # the retries could not stage, so the task never ran again
+    assert "attempt 3 of 3 failed" in "".join(traceback.format_exception(caught.value))
+    chain = []
+    error: BaseException | None = caught.value
+    while error is not None:
+        chain.append(error)
+        error = error.__context__
+    assert isinstance(chain[-1], RuntimeError)
+    assert str(chain[-1]) == "the task failed"
+    notes = [note for error in chain for note in getattr(error, "__notes__", []) if "failed" in note]
+    assert [note.rsplit(": ", 1)[-1] for note in notes] == [
+        "attempt 3 of 3 failed",
+        "attempt 2 of 3 failed",
+        "attempt 1 of 3 failed",
+    ]
+
+
+def test_a_retry_whose_staging_failed_is_followed_by_one_that_resumes(
+    s3_remote: Remote, s3_proxy: FaultProxy
+) -> None:
+    """The store is down for attempt 2's staging and back for attempt 3's: attempt 3 resumes."""
+    restored_values: list[bytes | None] = []
+
+    def task() -> str:
+        checkpoint = current_checkpoint()
+        restored = checkpoint.load_sync()
+        restored_values.append(None if restored is None else restored.read_bytes())
+        if restored is None:
+            checkpoint.save_sync(b"from attempt 1")
+            s3_proxy.add_fault(status(503), times=None)
+            raise RuntimeError("the task failed")
+        return "resumed"
+
+    back_up = _OnRetryLogged(2, s3_proxy.clear_faults)
+    logging.getLogger("flyte_checkpoint").addHandler(back_up)
+    try:
+        result = run_with_retries(
+            task,
+            retries=2,
+            checkpoint_dir=s3_remote.uri("run"),
+            storage_options=options_through(s3_remote, s3_proxy),
+        )
+    finally:
+        logging.getLogger("flyte_checkpoint").removeHandler(back_up)
+    assert result == "resumed"
+    assert restored_values == [None, b"from attempt 1"]
+
+
+# -- the async runner never blocks its event loop --------------------------------------------------
+
+
+async def _longest_gap_while(work: asyncio.Future[object] | asyncio.Task[object]) -> float:
+    """The longest pause between the ticks of a 1 ms ticker running until ``work`` is done."""
+    longest = 0.0
+    last = time.perf_counter()
+    while not work.done():
+        await asyncio.sleep(0.001)
+        now = time.perf_counter()
+        longest = max(longest, now - last)
+        last = now
+    return longest
+
+
+async def test_closing_an_attempt_that_left_a_background_save_does_not_block_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state.bin"
+    state.write_bytes(os.urandom(8 << 20))
+    returned_at: list[float] = []
+
+    def slow_storage(done: int, total: int | None) -> None:
+        time.sleep(0.03)  # about once per MiB: the save takes a while, as on a slow link
+
+    async def task() -> str:
+        await current_checkpoint().save(state, background=True, progress=slow_storage)
+        returned_at.append(time.perf_counter())
+        return "done"  # the attempt's helper still has the save to finish when it is closed
+
+    run = asyncio.ensure_future(run_with_retries_async(task, retries=0, checkpoint_dir=tmp_path / "cp"))
+    longest_gap = await _longest_gap_while(run)
+    assert await run == "done"
+    flush = time.perf_counter() - returned_at[0]  # the baseline: how long closing waited for the save
+    assert (tmp_path / "cp" / "checkpoint").read_bytes() == state.read_bytes()
+    assert longest_gap < flush / 4, f"the loop stalled {longest_gap:.3f} s of a {flush:.3f} s flush"
+
+
+# -- types ------------------------------------------------------------------------------------------
+
+
+def test_the_runners_return_the_task_result_type(tmp_path: Path) -> None:
+    """Checked by mypy (assert_type); at run time the values are checked as well."""
+
+    def sync_task(value: int) -> int:
+        return value
+
+    async def async_task(value: str) -> str:
+        return value
+
+    number = run_with_retries(sync_task, 1, retries=0, checkpoint_dir=tmp_path / "s")
+    text = run_with_retries(async_task, "a", retries=0, checkpoint_dir=tmp_path / "a")
+    assert (assert_type(number, int), assert_type(text, str)) == (1, "a")
+
+    async def in_a_loop() -> tuple[int, str]:
+        number = await run_with_retries_async(sync_task, 2, retries=0, checkpoint_dir=tmp_path / "t")
+        text = await run_with_retries_async(async_task, "b", retries=0, checkpoint_dir=tmp_path / "u")
+        return assert_type(number, int), assert_type(text, str)
+
+    assert asyncio.run(in_a_loop()) == (2, "b")
+
+
+def test_load_and_run_task_gives_the_task_the_attempt_number_passed(tmp_path: Path) -> None:
+    def attempt() -> int:
+        context = ctx()
+        assert context is not None
+        return context.attempt_number
+
+    paths = CheckpointPaths(checkpoint_path=str(tmp_path / "cur"))
+    assert load_and_run_task(attempt, checkpoint_paths=paths, attempt_number=3) == 3
+
+
+def test_load_and_run_task_reads_the_attempt_number_from_the_environment_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def attempt() -> int:
+        context = ctx()
+        assert context is not None
+        return context.attempt_number
+
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "2")
+    paths = CheckpointPaths(checkpoint_path=str(tmp_path / "cur"))
+    assert load_and_run_task(attempt, checkpoint_paths=paths) == 2

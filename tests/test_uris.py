@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from flyte_checkpoint import ConfigurationError, UnsupportedURIError, repair_prev_checkpoint_uri
+from flyte_checkpoint import (
+    ConfigurationError,
+    TaskContext,
+    UnsupportedURIError,
+    repair_prev_checkpoint_uri,
+    task_context,
+)
 from flyte_checkpoint.uris import check_supported, clean_uri, local_path
 
 RUN = "run-abc"
@@ -79,6 +85,28 @@ def test_names_with_regex_characters_are_matched_literally() -> None:
     assert repair_prev_checkpoint_uri("s3://b/x/runX1/act+x/3/p", run_name="run.1", action_name="act+x") == (
         "s3://b/x/runX1/act+x/3/p"
     )
+
+
+def test_inside_a_task_the_context_attempt_number_is_used_not_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "5")
+    with task_context(TaskContext(attempt_number=3)):
+        assert repair(uri("s3", 3)) == uri("s3", 2)
+
+
+def test_a_task_context_without_an_attempt_number_in_the_environment_still_repairs() -> None:
+    """Under the retry runners and Flyte's local mode FLYTE_ATTEMPT_NUMBER is unset."""
+    with task_context(TaskContext(attempt_number=5)):
+        assert repair(uri("gs", 3)) == uri("gs", 3)  # segment 3 is not attempt 5 or 6
+        assert repair(uri("gs", 5)) == uri("gs", 4)
+
+
+def test_an_explicit_attempt_number_wins_over_the_task_context() -> None:
+    with task_context(TaskContext(attempt_number=5)):
+        assert repair_prev_checkpoint_uri(
+            uri("s3", 3), run_name=RUN, action_name=ACTION, attempt_number=2
+        ) == uri("s3", 2)
 
 
 def test_a_malformed_attempt_number_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

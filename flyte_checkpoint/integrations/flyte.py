@@ -13,25 +13,35 @@ container alike)::
 
     @env.task(retries=3)
     def train(n: int) -> int:
-        checkpoint = flyte.ctx().checkpoint          # a flyte_checkpoint.Checkpoint
+        checkpoint = flyte_checkpoint.integrations.flyte.checkpoint()  # typed as ours
         restored = checkpoint.load_sync()
         ...
 
 What :func:`install` does:
 
-- It replaces the SDK's ``TaskContext.checkpoint`` property (or adds it, on an SDK without one)
-  with one that builds ``flyte_checkpoint.Checkpoint(checkpoint_path, prev_checkpoint_path)``
-  from the SDK's own ``checkpoint_paths``, with the run and action names of the running action,
-  and caches it in the SDK context's ``data`` under :data:`~flyte_checkpoint.CHECKPOINT_CACHE_KEY`,
-  so every access in one task attempt returns the same helper, as the SDK's property does.
-- It makes :func:`flyte_checkpoint.ctx` see the running Flyte task too (when no
-  ``flyte_checkpoint`` context of its own is set), sharing the same cached helper, so task code
-  written against ``flyte_checkpoint.ctx()`` runs unchanged under Flyte.
+- It registers a context provider (:func:`flyte_checkpoint.context.register_context_provider`),
+  so :func:`flyte_checkpoint.ctx` sees the running Flyte task when no ``flyte_checkpoint``
+  context of its own is set, with the task's checkpoint paths, run and action names and attempt
+  number. Task code written against ``flyte_checkpoint.ctx()`` runs unchanged under Flyte.
+- It replaces the SDK's ``flyte.models.TaskContext.checkpoint`` property (or adds it, on an SDK
+  without one) with one that returns the same helper as ``flyte_checkpoint.ctx().checkpoint``,
+  cached in the SDK context's ``data`` under :data:`~flyte_checkpoint.CHECKPOINT_CACHE_KEY`, so
+  every access in one task attempt returns the same helper, as the SDK's property does. The SDK
+  has no hook for choosing the checkpoint class (its property builds a ``flyte.Checkpoint`` and
+  asserts that the cached helper is one), so this public property of the public class is the one
+  thing patched; :func:`uninstall` puts it back. Type checkers still see the SDK's class there:
+  use :func:`checkpoint` (or ``flyte_checkpoint.ctx().checkpoint``) where the types matter, e.g.
+  for ``save(..., background=True)``.
 
 Both are undone by :func:`uninstall`; calling either twice is harmless. The stored format is the
 SDK's (one object: bytes or a file as-is, a directory as one ``.tar.gz``), so a checkpoint saved by
 the SDK's own helper loads with ours and the other way round, and the SDK's local retries (which
 copy ``checkpoint`` to ``prev_checkpoint`` before each retry) resume from what ours saved.
+
+The attempt number: on a cluster it is the SDK's (``FLYTE_ATTEMPT_NUMBER``, set by the platform).
+The SDK's local mode runs retries in this process without setting it, so there each new attempt
+of an action that reaches this plugin (through ``flyte_checkpoint.ctx()``, ``checkpoint()`` or
+``flyte.ctx().checkpoint``) gets the next number, counted per run and action.
 
 Supported SDK versions: :data:`SUPPORTED_FLYTE_VERSIONS` (the ``flyte`` extra pins them). Versions
 before 2.1.3 carry no ``checkpoint_paths`` on the task context and are refused with a clear error.
@@ -39,26 +49,31 @@ before 2.1.3 carry no ``checkpoint_paths`` on the task context and are refused w
 
 from __future__ import annotations
 
-import contextvars
+import collections
 import dataclasses
 import importlib.metadata
 import logging
 import re
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import flyte
 import flyte.models
 
-import flyte_checkpoint.context as _context_module
 from flyte_checkpoint.checkpoint import Checkpoint
-from flyte_checkpoint.context import CheckpointPaths, TaskContext
+from flyte_checkpoint.context import (
+    CheckpointPaths,
+    TaskContext,
+    register_context_provider,
+    unregister_context_provider,
+)
 from flyte_checkpoint.errors import ConfigurationError
 
 __all__ = [
     "SUPPORTED_FLYTE_VERSIONS",
+    "checkpoint",
     "install",
     "is_installed",
     "task_context_from_flyte",
@@ -73,7 +88,6 @@ SUPPORTED_FLYTE_VERSIONS = ">=2.1.3,<2.13"
 _FIRST_SUPPORTED = (2, 1, 3)
 _FIRST_UNTESTED = (2, 13)
 _PROPERTY_NAME = "checkpoint"
-_CONTEXT_VAR_NAME = "_current"
 
 
 class _Missing:
@@ -91,11 +105,42 @@ class _Installation:
     original_property: object
     our_property: property
     storage_options: Mapping[str, Any] | None
-    original_context_var: contextvars.ContextVar[TaskContext | None] | None
 
 
 _lock = threading.Lock()
 _installation: _Installation | None = None
+
+
+class _LocalAttempts:
+    """Numbers the attempts the SDK's local mode runs in this process, per run and action.
+
+    Local mode builds a fresh SDK task context (and ``data`` dict) for every attempt and sets no
+    ``FLYTE_ATTEMPT_NUMBER``; the first time this plugin sees an attempt's context it gives it the
+    next number of its action and records it in that context's ``data``.
+    """
+
+    DATA_KEY = "__flyte_checkpoint_attempt__"
+
+    def __init__(self, remembered_actions: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._last: collections.OrderedDict[Hashable, int] = collections.OrderedDict()
+        self._remembered = remembered_actions
+
+    def number_of(self, data: dict[str, Any], action: Hashable) -> int:
+        with self._lock:
+            number = data.get(self.DATA_KEY)
+            if isinstance(number, int):
+                return number
+            number = self._last.get(action, -1) + 1
+            self._last[action] = number
+            self._last.move_to_end(action)
+            while len(self._last) > self._remembered:  # a long-lived process runs many actions
+                self._last.popitem(last=False)
+            data[self.DATA_KEY] = number
+            return number
+
+
+_local_attempts = _LocalAttempts()
 
 
 def task_context_from_flyte(
@@ -106,8 +151,9 @@ def task_context_from_flyte(
     """A :class:`flyte_checkpoint.TaskContext` for a running Flyte task, or ``None`` outside one.
 
     Its ``checkpoint_paths`` are the SDK's, its ``data`` *is* the SDK context's ``data`` dict (so
-    the checkpoint helper cached there is shared with ``flyte.ctx().checkpoint``), and its run and
-    action names are those of the running action. As in the SDK, a JobSet whole-set restart
+    the checkpoint helper cached there is shared with ``flyte.ctx().checkpoint``), its run and
+    action names are those of the running action, and its ``attempt_number`` is the action's
+    (see the module's notes on local mode). As in the SDK, a JobSet whole-set restart
     (``JOBSET_RESTART_ATTEMPT`` > 0) restores from this attempt's own destination, where the
     attempt that was restarted saved.
     """
@@ -119,8 +165,16 @@ def task_context_from_flyte(
         run_name=action.run_name,
         action_name=action.name,
         storage_options=storage_options,
+        attempt_number=_attempt_number(sdk_context, action),
         data=sdk_context.data,
     )
+
+
+def _attempt_number(sdk_context: flyte.models.TaskContext, action: flyte.models.ActionID) -> int:
+    if sdk_context.mode != "local":
+        return int(sdk_context.attempt_number)
+    run = (action.run_name, action.name, sdk_context.run_start_time)  # a reused run name is a new run
+    return _local_attempts.number_of(sdk_context.data, run)
 
 
 def _checkpoint_paths(sdk_context: flyte.models.TaskContext) -> CheckpointPaths | None:
@@ -134,41 +188,37 @@ def _checkpoint_paths(sdk_context: flyte.models.TaskContext) -> CheckpointPaths 
     return CheckpointPaths(checkpoint_path=destination, prev_checkpoint_path=previous)
 
 
+def _storage_options() -> Mapping[str, Any] | None:
+    installation = _installation
+    return installation.storage_options if installation is not None else None
+
+
+def _running_flyte_task() -> TaskContext | None:
+    """The context provider :func:`install` registers: the running Flyte task, if any."""
+    return task_context_from_flyte(flyte.ctx(), storage_options=_storage_options())
+
+
+def checkpoint() -> Checkpoint | None:
+    """The running Flyte task attempt's :class:`flyte_checkpoint.Checkpoint`, typed as such.
+
+    The same helper as ``flyte.ctx().checkpoint`` after :func:`install` (which type checkers see
+    as the SDK's ``flyte.Checkpoint``, rejecting e.g. ``save(..., background=True)``) and as
+    ``flyte_checkpoint.ctx().checkpoint``. ``None`` outside a Flyte task, or when the task has no
+    checkpoint destination. Works without :func:`install` too, with its ``storage_options`` if it ran.
+    """
+    context = _running_flyte_task()
+    return context.checkpoint if context is not None else None
+
+
 def _checkpoint_of(sdk_context: flyte.models.TaskContext) -> Checkpoint | None:
     """This attempt's :class:`flyte_checkpoint.Checkpoint`, built on first access, then cached.
 
     ``None`` when the task has no checkpoint paths, or its destination is empty. Installed as
-    ``flyte.models.TaskContext.checkpoint`` by :func:`flyte_checkpoint.integrations.flyte.install`.
+    ``flyte.models.TaskContext.checkpoint`` by :func:`flyte_checkpoint.integrations.flyte.install`;
+    :func:`flyte_checkpoint.integrations.flyte.checkpoint` returns the same helper, typed as ours.
     """
-    installation = _installation
-    options = installation.storage_options if installation is not None else None
-    context = task_context_from_flyte(sdk_context, storage_options=options)
+    context = task_context_from_flyte(sdk_context, storage_options=_storage_options())
     return context.checkpoint if context is not None else None
-
-
-class _FlyteAwareContextVar:
-    """Stands in for ``flyte_checkpoint.context._current``: our own context first, else Flyte's.
-
-    Setting and resetting go to the original context variable, so ``task_context()`` and the
-    retry runners behave exactly as before; only a lookup that finds nothing asks the Flyte SDK.
-    """
-
-    def __init__(self, inner: contextvars.ContextVar[TaskContext | None]) -> None:
-        self.inner = inner
-
-    def get(self) -> TaskContext | None:
-        own = self.inner.get()
-        if own is not None:
-            return own
-        installation = _installation
-        options = installation.storage_options if installation is not None else None
-        return task_context_from_flyte(flyte.ctx(), storage_options=options)
-
-    def set(self, value: TaskContext | None) -> contextvars.Token[TaskContext | None]:
-        return self.inner.set(value)
-
-    def reset(self, token: contextvars.Token[TaskContext | None]) -> None:
-        self.inner.reset(token)
 
 
 def _sdk_version() -> str:
@@ -206,8 +256,8 @@ def install(*, storage_options: Mapping[str, Any] | None = None) -> None:
     """Make ``flyte.ctx().checkpoint`` (and :func:`flyte_checkpoint.ctx`) use this package.
 
     Idempotent: a second call changes nothing but ``storage_options``. ``storage_options`` are
-    handed to every helper the property builds (fsspec options, e.g. an S3 endpoint); by default
-    the backends read credentials from the environment as usual.
+    handed to every helper built for a Flyte task (fsspec options, e.g. an S3 endpoint); by
+    default the backends read credentials from the environment as usual.
 
     Raises:
         ConfigurationError: the installed SDK predates ``checkpoint_paths`` (flyte < 2.1.3).
@@ -220,25 +270,14 @@ def install(*, storage_options: Mapping[str, Any] | None = None) -> None:
         sdk_class: type[Any] = flyte.models.TaskContext
         _check_sdk(sdk_class, _sdk_version())
         our_property = property(_checkpoint_of, doc=_checkpoint_of.__doc__)
-        original_property = sdk_class.__dict__.get(_PROPERTY_NAME, _MISSING)
-        original_var = _context_module.__dict__.get(_CONTEXT_VAR_NAME)
-        if not isinstance(original_var, contextvars.ContextVar):
-            logger.warning(
-                "flyte_checkpoint.ctx() cannot be bridged to Flyte tasks in this version; "
-                "use flyte.ctx().checkpoint inside Flyte tasks"
-            )
-            original_var = None
         _installation = _Installation(
             sdk_class=sdk_class,
-            original_property=original_property,
+            original_property=sdk_class.__dict__.get(_PROPERTY_NAME, _MISSING),
             our_property=our_property,
             storage_options=storage_options,
-            original_context_var=original_var,
         )
         setattr(sdk_class, _PROPERTY_NAME, our_property)
-        if original_var is not None:
-            # ctx() reads this module global on every call, so replacing it reaches every caller.
-            vars(_context_module)[_CONTEXT_VAR_NAME] = _FlyteAwareContextVar(original_var)
+        register_context_provider(_running_flyte_task)
         logger.debug(
             "flyte.ctx().checkpoint now returns flyte_checkpoint.Checkpoint (flyte %s)", _sdk_version()
         )
@@ -247,7 +286,8 @@ def install(*, storage_options: Mapping[str, Any] | None = None) -> None:
 def uninstall() -> None:
     """Undo :func:`install`: the SDK's own ``TaskContext.checkpoint`` (or none) comes back.
 
-    Idempotent. Helpers already built stay usable; new accesses build the SDK's helper again.
+    Idempotent. Helpers already built stay usable; new accesses build the SDK's helper again, and
+    :func:`flyte_checkpoint.ctx` no longer sees Flyte tasks.
     """
     global _installation
     with _lock:
@@ -255,6 +295,7 @@ def uninstall() -> None:
         if installation is None:
             return
         _installation = None
+        unregister_context_provider(_running_flyte_task)
         if installation.sdk_class.__dict__.get(_PROPERTY_NAME) is installation.our_property:
             if isinstance(installation.original_property, _Missing):
                 delattr(installation.sdk_class, _PROPERTY_NAME)
@@ -262,9 +303,6 @@ def uninstall() -> None:
                 setattr(installation.sdk_class, _PROPERTY_NAME, installation.original_property)
         else:
             logger.warning("TaskContext.checkpoint was replaced by someone else since install(); left as is")
-        current_var = _context_module.__dict__.get(_CONTEXT_VAR_NAME)
-        if installation.original_context_var is not None and isinstance(current_var, _FlyteAwareContextVar):
-            vars(_context_module)[_CONTEXT_VAR_NAME] = installation.original_context_var
 
 
 def is_installed() -> bool:

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from flyte_checkpoint.context import CheckpointPaths, TaskContext
 from flyte_checkpoint.errors import InvalidCheckpointInputError
-from flyte_checkpoint.runners.runtime import TaskFunction, acall_task, attempt_scope, call_task
+from flyte_checkpoint.runners.runtime import acall_task, attempt_scope, attempt_scope_async, call_task
 from flyte_checkpoint.storage import copy_object
-from flyte_checkpoint.uris import ATTEMPT_NUMBER_ENV, clean_uri, is_local
+from flyte_checkpoint.uris import clean_uri, is_local
 
 logger = logging.getLogger("flyte_checkpoint")
+
+# The task's result type. Its arguments stay unchecked: PEP 612 allows no keyword-only
+# parameters (retries=...) between *args: P.args and **kwargs: P.kwargs.
+R = TypeVar("R")
 
 
 def join_location(base: str, name: str) -> str:
@@ -59,25 +62,15 @@ class RetryPlan:
     def attempts(self) -> range:
         return range(self.retries + 1)
 
-    @contextlib.contextmanager
-    def attempt(self, number: int) -> Iterator[TaskContext]:
-        """A fresh context for attempt ``number``, with ``FLYTE_ATTEMPT_NUMBER`` set meanwhile."""
+    def context_for(self, number: int) -> TaskContext:
+        """A fresh context for attempt ``number``: the attempt number travels in it, not in os.environ."""
         logger.info("attempt %d of %d", number + 1, self.retries + 1)
-        context = TaskContext(
+        return TaskContext(
             checkpoint_paths=self.paths,
             run_name=self.run_name,
             storage_options=self.storage_options,
+            attempt_number=number,
         )
-        saved = os.environ.get(ATTEMPT_NUMBER_ENV)
-        os.environ[ATTEMPT_NUMBER_ENV] = str(number)
-        try:
-            with attempt_scope(context):
-                yield context
-        finally:
-            if saved is None:
-                os.environ.pop(ATTEMPT_NUMBER_ENV, None)
-            else:
-                os.environ[ATTEMPT_NUMBER_ENV] = saved
 
     def failed(self, number: int, error: Exception) -> None:
         """Record the failure of attempt ``number``; raise the last error when none are left."""
@@ -89,13 +82,14 @@ class RetryPlan:
             self.finish()
             raise error
         logger.warning("attempt %d failed (%s: %s); retrying", number + 1, type(error).__name__, error)
-        self.stage_previous()
 
     def stage_previous(self) -> None:
-        """Copy this attempt's checkpoint object to the previous-checkpoint location.
+        """Copy the last attempt's checkpoint object to the previous-checkpoint location.
 
-        An attempt that saved nothing leaves the destination as it was, so the copy brings the
-        newest checkpoint any attempt saved. The copy is atomic at the previous location.
+        Called at the start of every retry, as part of it: a copy that fails (the store is down)
+        fails that attempt and uses up a retry like any other failure. An attempt that saved
+        nothing leaves the destination as it was, so the copy brings the newest checkpoint any
+        attempt saved. The copy is atomic at the previous location.
         """
         assert self.paths.checkpoint_path
         assert self.paths.prev_checkpoint_path
@@ -114,8 +108,32 @@ class RetryPlan:
             shutil.rmtree(self._own_dir, ignore_errors=True)
 
 
+@overload
 def run_with_retries(
-    fn: TaskFunction,
+    fn: Callable[..., Coroutine[Any, Any, R]],
+    *args: Any,
+    retries: int,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    run_name: str | None = None,
+    **kwargs: Any,
+) -> R: ...
+
+
+@overload
+def run_with_retries(
+    fn: Callable[..., R],
+    *args: Any,
+    retries: int,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    run_name: str | None = None,
+    **kwargs: Any,
+) -> R: ...
+
+
+def run_with_retries(
+    fn: Callable[..., Any],
     *args: Any,
     retries: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -125,17 +143,22 @@ def run_with_retries(
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` (``def`` or ``async def``) with up to ``retries`` retries.
 
-    Each attempt gets a fresh :class:`TaskContext` whose checkpoint saves to
-    ``<checkpoint_dir>/checkpoint`` and restores from ``<checkpoint_dir>/prev_checkpoint``;
-    before each retry the last checkpoint is staged into the previous location. The default
-    ``checkpoint_dir`` is a temporary directory removed at the end. ``checkpoint_dir`` may be
-    any storage URI. Returns the first successful result, or re-raises the last attempt's error
-    with the earlier attempts' errors chained as its context.
+    Each attempt gets a fresh :class:`TaskContext` (with its 0-based ``attempt_number``) whose
+    checkpoint saves to ``<checkpoint_dir>/checkpoint`` and restores from
+    ``<checkpoint_dir>/prev_checkpoint``; each retry starts by staging the last checkpoint into
+    the previous location (a staging failure fails that attempt and uses up a retry). The default
+    ``checkpoint_dir`` is a temporary directory removed at the end. ``checkpoint_dir`` may be any
+    storage URI. Returns the first successful result (awaited, for an ``async def`` task), typed
+    as ``fn``'s, or re-raises the last attempt's error with the earlier attempts' errors chained
+    as its context.
     """
     plan = RetryPlan(retries, checkpoint_dir, storage_options, run_name)
     for number in plan.attempts:
+        context = plan.context_for(number)
         try:
-            with plan.attempt(number):
+            with attempt_scope(context):
+                if number:
+                    plan.stage_previous()
                 result = call_task(fn, args, kwargs)
         except Exception as error:
             plan.failed(number, error)
@@ -145,8 +168,32 @@ def run_with_retries(
     raise AssertionError("unreachable: the last failed attempt raises")  # pragma: no cover
 
 
+@overload
 async def run_with_retries_async(
-    fn: TaskFunction,
+    fn: Callable[..., Awaitable[R]],
+    *args: Any,
+    retries: int,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    run_name: str | None = None,
+    **kwargs: Any,
+) -> R: ...
+
+
+@overload
+async def run_with_retries_async(
+    fn: Callable[..., R],
+    *args: Any,
+    retries: int,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    run_name: str | None = None,
+    **kwargs: Any,
+) -> R: ...
+
+
+async def run_with_retries_async(
+    fn: Callable[..., Any],
     *args: Any,
     retries: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
@@ -154,16 +201,24 @@ async def run_with_retries_async(
     run_name: str | None = None,
     **kwargs: Any,
 ) -> Any:
-    """:func:`run_with_retries` for callers inside an event loop; ``def`` tasks run in a thread."""
-    plan = RetryPlan(retries, checkpoint_dir, storage_options, run_name)
+    """:func:`run_with_retries` for callers inside an event loop.
+
+    Nothing blocks the loop: ``def`` tasks, staging, closing each attempt's helper (which waits
+    for a background save to finish) and removing a temporary ``checkpoint_dir`` run in worker
+    threads.
+    """
+    plan = await asyncio.to_thread(RetryPlan, retries, checkpoint_dir, storage_options, run_name)
     for number in plan.attempts:
+        context = plan.context_for(number)
         try:
-            with plan.attempt(number):
+            async with attempt_scope_async(context):
+                if number:
+                    await asyncio.to_thread(plan.stage_previous)
                 result = await acall_task(fn, args, kwargs)
         except Exception as error:
             await asyncio.to_thread(plan.failed, number, error)
             continue
-        plan.finish()
+        await asyncio.to_thread(plan.finish)
         return result
     raise AssertionError("unreachable: the last failed attempt raises")  # pragma: no cover
 

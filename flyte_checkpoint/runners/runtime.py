@@ -6,11 +6,11 @@ import asyncio
 import contextlib
 import importlib
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
-from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY
-from flyte_checkpoint.context import CheckpointPaths, TaskContext, task_context
+from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY, Checkpoint
+from flyte_checkpoint.context import CheckpointPaths, TaskContext, attempt_number_from_env, task_context
 from flyte_checkpoint.errors import ConfigurationError
 
 TaskFunction = Callable[..., Any]
@@ -41,6 +41,13 @@ def resolve_task(reference: str | TaskFunction) -> TaskFunction:
     return target  # type: ignore[no-any-return]
 
 
+def _close_helper(context: TaskContext) -> None:
+    """Close the checkpoint helper the attempt built, if it asked for one (never builds one)."""
+    helper = context.data.get(CHECKPOINT_CACHE_KEY)
+    if isinstance(helper, Checkpoint):
+        helper.close()
+
+
 @contextlib.contextmanager
 def attempt_scope(context: TaskContext) -> Iterator[TaskContext]:
     """Make ``context`` current for one attempt and close its checkpoint helper afterwards."""
@@ -48,9 +55,21 @@ def attempt_scope(context: TaskContext) -> Iterator[TaskContext]:
         with task_context(context):
             yield context
     finally:
-        helper = context.data.get(CHECKPOINT_CACHE_KEY)
-        if helper is not None:
-            helper.close()
+        _close_helper(context)
+
+
+@contextlib.asynccontextmanager
+async def attempt_scope_async(context: TaskContext) -> AsyncIterator[TaskContext]:
+    """:func:`attempt_scope` for async runners: the helper is closed in a worker thread.
+
+    Closing waits for a background save to finish uploading and removes the workspace, which
+    may take as long as the save itself; the event loop keeps serving other tasks meanwhile.
+    """
+    try:
+        with task_context(context):
+            yield context
+    finally:
+        await asyncio.to_thread(_close_helper, context)
 
 
 def call_task(fn: TaskFunction, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -82,11 +101,13 @@ def load_and_run_task(
     run_name: str | None = None,
     action_name: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    attempt_number: int | None = None,
 ) -> Any:
     """Run ``task`` once with ``inputs`` as keyword arguments, inside a fresh :class:`TaskContext`.
 
-    This is what a platform's container entry does for one attempt: the attempt number comes from
-    ``FLYTE_ATTEMPT_NUMBER`` in the environment, the checkpoint locations from ``checkpoint_paths``.
+    This is what a platform's container entry does for one attempt: the checkpoint locations come
+    from ``checkpoint_paths``, the attempt number from ``attempt_number`` or, when that is
+    ``None``, from ``FLYTE_ATTEMPT_NUMBER`` (read once, into the context; 0 when unset).
     """
     fn = resolve_task(task)
     context = TaskContext(
@@ -94,6 +115,7 @@ def load_and_run_task(
         run_name=run_name,
         action_name=action_name,
         storage_options=storage_options,
+        attempt_number=attempt_number_from_env() if attempt_number is None else attempt_number,
     )
     with attempt_scope(context):
         return call_task(fn, (), dict(inputs or {}))

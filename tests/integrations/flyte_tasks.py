@@ -11,6 +11,8 @@ from typing import Any, cast
 import flyte
 
 import flyte_checkpoint
+import flyte_checkpoint.integrations.flyte as flyte_plugin
+from tests.integrations.examples import load_example
 
 # Where the SDK's local mode writes run metadata; it has no option to move it.
 SDK_LOCAL_METADATA = Path("/tmp/flyte/metadata")
@@ -137,3 +139,38 @@ def grow_directory(n: int, fail_at: int, workdir: str, log: str) -> int:
         (state / f"step-{step}.txt").write_text(f"step {step}\n", encoding="utf-8")
         checkpoint.save_sync(state)
     return len(list(state.glob("step-*.txt")))
+
+
+@env.task(retries=2)
+def fail_on_the_first_attempt(log: str) -> int:
+    """Fail on attempt 0 only, judged by ``flyte_checkpoint.ctx().attempt_number``, as the examples do."""
+    context = flyte_checkpoint.ctx()
+    assert context is not None
+    _log_start(log, context.attempt_number)
+    if context.attempt_number == 0:
+        raise PlannedFailure("planned failure on the first attempt")
+    return context.attempt_number
+
+
+@env.task
+def describe_typed_accessor() -> str:
+    """What ``flyte_checkpoint.integrations.flyte.checkpoint()`` returns inside a task, as JSON."""
+    ours = flyte_plugin.checkpoint()
+    sdk = flyte.ctx()
+    assert sdk is not None
+    return json.dumps(
+        {
+            "type": f"{type(ours).__module__}.{type(ours).__qualname__}",
+            "same_as_flyte_ctx": cast(object, ours) is sdk.checkpoint,
+            "same_as_ctx": (context := flyte_checkpoint.ctx()) is not None and context.checkpoint is ours,
+        }
+    )
+
+
+@env.task(retries=1)
+async def train_the_pytorch_example(epochs: int, fail_at_epoch: int, workdir: str, log: str) -> int:
+    """``examples/pytorch_resume.py``'s task, unchanged: it crashes on attempt 0 only, then resumes."""
+    example = load_example("pytorch_resume")
+    return int(
+        await example.train(epochs, fail_at_epoch, workdir, on_start=lambda start, *_: _log_start(log, start))
+    )

@@ -16,10 +16,12 @@ from typing import Any
 
 import flyte
 import flyte.models
+import flyte.report
 import fsspec
 import pytest
 
 import flyte_checkpoint
+import flyte_checkpoint.context
 import flyte_checkpoint.integrations.flyte as flyte_plugin
 from flyte_checkpoint import CheckpointPaths, ConfigurationError, TaskContext, task_context
 from flyte_checkpoint.storage import FORMAT_KEY
@@ -32,9 +34,12 @@ from tests.integrations.flyte_tasks import (
     count_sync,
     describe_bridged_context,
     describe_checkpoint,
+    describe_typed_accessor,
+    fail_on_the_first_attempt,
     grow_directory,
     run_locally,
     starts_logged,
+    train_the_pytorch_example,
 )
 from tests.storage.conftest import remote_for
 
@@ -145,6 +150,80 @@ def test_flyte_checkpoint_ctx_sees_the_running_flyte_task_and_shares_its_helper(
     assert described["shares_helper"] is True
     assert described["run_name"] == described["sdk_run_name"]
     assert described["action_name"] == described["sdk_action_name"]
+
+
+@pytest.mark.usefixtures("installed")
+def test_each_local_retry_sees_its_own_attempt_number(raw_data: Path, tmp_path: Path) -> None:
+    """Local mode sets no FLYTE_ATTEMPT_NUMBER: a task failing on attempt 0 only used to fail every time."""
+    log = tmp_path / "attempts.log"
+    assert run_locally(raw_data, fail_on_the_first_attempt, log=str(log)) == 1
+    assert starts_logged(log) == [0, 1]
+
+
+@pytest.mark.usefixtures("installed")
+def test_the_attempt_numbers_of_a_new_run_start_at_zero(raw_data: Path, tmp_path: Path) -> None:
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    run_locally(raw_data, fail_on_the_first_attempt, log=str(first))
+    run_locally(tmp_path / "raw2", fail_on_the_first_attempt, log=str(second))
+    assert starts_logged(first) == starts_logged(second) == [0, 1]
+
+
+@pytest.mark.usefixtures("installed")
+def test_the_pytorch_example_resumes_unchanged_inside_a_flyte_task(raw_data: Path, tmp_path: Path) -> None:
+    log = tmp_path / "starts.log"
+    result = run_locally(
+        raw_data,
+        train_the_pytorch_example,
+        epochs=4,
+        fail_at_epoch=2,
+        workdir=str(tmp_path / "w"),
+        log=str(log),
+    )
+    assert result == 3
+    assert starts_logged(log) == [0, 2]
+
+
+def test_in_remote_mode_the_attempt_number_is_the_sdks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "2")
+    sdk_context = flyte.models.TaskContext(
+        action=flyte.models.ActionID(name="a0", run_name="r1"),
+        version="v1",
+        raw_data_path=flyte.models.RawDataPath(path="/tmp/raw"),
+        output_path="/tmp/out",
+        run_base_dir="/tmp/base",
+        report=flyte.report.Report(name="a0"),
+        mode="remote",
+    )
+    context = flyte_plugin.task_context_from_flyte(sdk_context)
+    assert context is not None
+    assert context.attempt_number == sdk_context.attempt_number == 2
+
+
+@pytest.mark.usefixtures("installed")
+def test_the_typed_accessor_returns_the_helper_flyte_ctx_returns(raw_data: Path) -> None:
+    described = json.loads(run_locally(raw_data, describe_typed_accessor))
+    assert described == {"type": OURS, "same_as_flyte_ctx": True, "same_as_ctx": True}
+
+
+def test_the_typed_accessor_works_without_install(raw_data: Path) -> None:
+    described = json.loads(run_locally(raw_data, describe_typed_accessor))
+    assert described["type"] == OURS
+
+
+def test_the_typed_accessor_is_none_outside_a_task() -> None:
+    assert flyte_plugin.checkpoint() is None
+
+
+def test_install_replaces_nothing_in_the_context_module_but_registers_a_provider() -> None:
+    """The bridge is a registered provider: ctx()'s context variable is no longer swapped out."""
+    before = dict(vars(flyte_checkpoint.context))
+    flyte_plugin.install()
+    try:
+        after = vars(flyte_checkpoint.context)
+        changed = {name for name, value in after.items() if before.get(name) is not value}
+    finally:
+        flyte_plugin.uninstall()
+    assert changed == {"_providers"}  # the registry, as register_context_provider keeps it
 
 
 @pytest.mark.usefixtures("installed")
@@ -260,11 +339,11 @@ def test_the_example_task_resumes_after_each_planned_failure(tmp_path: Path) -> 
     finally:
         shutil.rmtree(SDK_LOCAL_METADATA / name, ignore_errors=True)
     assert result.returncode == 0, result.stderr
-    resumed = [line for line in result.stdout.splitlines() if line.startswith("resumed from checkpoint at")]
+    resumed = [line for line in result.stdout.splitlines() if ": resumed from checkpoint at" in line]
     assert resumed == [
-        "resumed from checkpoint at nothing: starting at 0",
-        "resumed from checkpoint at 4",
-        "resumed from checkpoint at 8",
+        "attempt 0: resumed from checkpoint at nothing: starting at 0",
+        "attempt 1: resumed from checkpoint at 4",
+        "attempt 2: resumed from checkpoint at 8",
     ]
     assert result.stdout.strip().endswith("result: 10")
 
