@@ -292,7 +292,10 @@ class Checkpoint(BaseCheckpoint):
 
     def _upload(self, snapshot: Snapshot) -> None:
         started = time.monotonic()
-        kind, size = self._retry.call(lambda: self._upload_once(snapshot), describe=f"saving {self._dest}")
+        with snapshot.errors_for_the_caller():
+            kind, size = self._retry.call(
+                lambda: self._upload_once(snapshot), describe=f"saving {self._dest}"
+            )
         _log_transfer("saved", self._dest, kind, size, started)
 
     def _open_writer(
@@ -320,8 +323,8 @@ class Checkpoint(BaseCheckpoint):
             with self._open_writer("archive", snapshot, None) as writer:
                 archive.pack_directory(content, cast(IO[bytes], writer), level=self._level)
                 snapshot.verify_unchanged()  # before commit: a changed input aborts the upload
-            return f"directory {content}", writer.tell()
-        with translated_os_errors(str(content), "reading"), open(content, "rb") as source:
+            return f"directory {snapshot.user_path}", writer.tell()
+        with translated_os_errors(str(snapshot.user_path), "reading"), open(content, "rb") as source:
             size = os.fstat(source.fileno()).st_size
             digest: str | None = None
             if self._dest_backend.records_digest_only_when_declared:
@@ -332,7 +335,7 @@ class Checkpoint(BaseCheckpoint):
             with self._open_writer("payload", snapshot, size, digest) as writer:
                 writer.write_from(source)
                 snapshot.verify_unchanged()
-        return f"file {content}", writer.tell()
+        return f"file {snapshot.user_path}", writer.tell()
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Files that prove their owner is alive: an ``flock`` held for as long as the owner needs them.
 
 The kernel drops a process's locks when it dies, so a lock file nobody holds belongs to a dead
-owner, and whatever it guards can be removed. Used for save temp files and restore workspaces.
+owner, and whatever it guards can be removed. Used for save temp files, restore workspaces and
+background-save snapshots.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import shutil
 import stat
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+
+LOCK_SUFFIX = ".lock"
+SNAPSHOT_PREFIX = ".flyte-cp-snapshot-"
+"""Names of background-save snapshots; one may sit beside the saved path (see snapshot.py)."""
 
 
 def create_locked(path: Path, mode: int = 0o600) -> int | None:
@@ -67,6 +73,25 @@ def remove_if_abandoned(path: Path, remove: Callable[[], bool | None]) -> bool:
         os.close(fd)
 
 
+def sweep_abandoned(directory: Path, prefix: str) -> int:
+    """Remove every ``prefix*`` tree in ``directory`` whose lock file (``*.lock``) nobody holds.
+
+    Trees of other tools with the same prefix have no lock file and are left alone; so is
+    anything not made by this user, or a symlink.
+    """
+    return sum(
+        remove_if_abandoned(lock, partial(_remove_tree_and_lock, lock))
+        for lock in directory.glob(f"{prefix}*{LOCK_SUFFIX}")
+    )
+
+
+def _remove_tree_and_lock(lock: Path) -> bool:
+    if not remove_owned_tree(str(lock)[: -len(LOCK_SUFFIX)]):
+        return False
+    os.unlink(lock)
+    return True
+
+
 def remove_owned_tree(directory: str) -> bool:
     """Remove ``directory`` if it is a real directory (not a symlink) of this user; say whether.
 
@@ -99,3 +124,20 @@ def remove_owned_tree(directory: str) -> bool:
     else:
         shutil.rmtree(directory, onerror=make_writable_and_retry)
     return not os.path.lexists(directory)
+
+
+def is_snapshot_scratch(path: str) -> bool:
+    """Whether ``path`` is a background-save snapshot of ours (live or abandoned) or its lock file.
+
+    Checked by every walk of a directory being saved: a snapshot placed beside a source (when
+    TMPDIR is on another filesystem) must never become a member of a later save of that
+    directory. Only entries we made count: the prefix, and a lock file of this user beside it.
+    """
+    name = os.path.basename(path)
+    if not name.startswith(SNAPSHOT_PREFIX):
+        return False
+    lock = path if name.endswith(LOCK_SUFFIX) else path + LOCK_SUFFIX
+    try:
+        return is_ours(os.lstat(lock), stat.S_ISREG)
+    except OSError:
+        return False

@@ -7,19 +7,17 @@ import os
 import shutil
 import tempfile
 import weakref
-from functools import partial
 from pathlib import Path, PosixPath
 
 from flyte_checkpoint.errors import CheckpointClosedError
-from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned, remove_owned_tree
+from flyte_checkpoint.lockfiles import LOCK_SUFFIX, create_locked, remove_owned_tree, sweep_abandoned
 from flyte_checkpoint.storage.errors import translated_os_errors
 
 WORKSPACE_PREFIX = "flyte-cp-"
-_LOCK_SUFFIX = ".lock"
 
 
 def _lock_file(directory: Path) -> Path:
-    return directory.with_name(directory.name + _LOCK_SUFFIX)
+    return directory.with_name(directory.name + LOCK_SUFFIX)
 
 
 def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
@@ -30,18 +28,7 @@ def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
     whose lock can be taken was abandoned (a SIGKILLed load, say). Workspaces of other tools with
     the same prefix have no lock file and are left alone.
     """
-    root = Path(temp_dir or tempfile.gettempdir())
-    return sum(
-        remove_if_abandoned(lock, partial(_release_files, lock))
-        for lock in root.glob(f"{WORKSPACE_PREFIX}*{_LOCK_SUFFIX}")
-    )
-
-
-def _release_files(lock: Path) -> bool:
-    if not remove_owned_tree(str(lock.with_name(lock.name[: -len(_LOCK_SUFFIX)]))):
-        return False
-    os.unlink(lock)
-    return True
+    return sweep_abandoned(Path(temp_dir or tempfile.gettempdir()), WORKSPACE_PREFIX)
 
 
 def _create_locked_workspace() -> tuple[Path, int]:
@@ -116,7 +103,7 @@ def _release(directory: str, lock_fd: int) -> None:
     try:
         remove_owned_tree(directory)
         with contextlib.suppress(OSError):
-            os.unlink(directory + _LOCK_SUFFIX)
+            os.unlink(directory + LOCK_SUFFIX)
     finally:
         os.close(lock_fd)
 
