@@ -234,14 +234,16 @@ def _new_snapshot(data: Path, parent: Path, *, strict: bool = False) -> Snapshot
 def _mirror(source: Path, snapshot: Snapshot, mapped: _Mappings, *, link: bool) -> None:
     target = snapshot.data
     assert isinstance(target, Path)
-    if stat.S_ISREG(os.stat(source).st_mode):
-        _place_file(str(source), str(target), snapshot, mapped, link=link)
+    status = os.stat(source)
+    if stat.S_ISREG(status.st_mode):
+        _place_file(str(source), str(target), snapshot, mapped, (status.st_dev, status.st_ino), link=link)
         return
     # Plain string paths and one scandir per directory: with pathlib and os.walk, path objects
     # cost as much as the links themselves, and a background save's caller waits for all of it.
     pending = [(str(source), str(target))]
     while pending:
         directory, mirrored = pending.pop()
+        device = os.stat(directory).st_dev  # with DirEntry.inode(), identifies files without a stat each
         os.mkdir(mirrored)
         with os.scandir(directory) as scan:
             entries = sorted(scan, key=lambda entry: entry.name)
@@ -254,7 +256,7 @@ def _mirror(source: Path, snapshot: Snapshot, mapped: _Mappings, *, link: bool) 
             elif entry.is_dir(follow_symlinks=False):
                 pending.append((entry.path, destination))
             elif entry.is_file(follow_symlinks=False):
-                _place_file(entry.path, destination, snapshot, mapped, link=link)
+                _place_file(entry.path, destination, snapshot, mapped, (device, entry.inode()), link=link)
             else:
                 mode = entry.stat(follow_symlinks=False).st_mode
                 raise InvalidCheckpointInputError(
@@ -276,8 +278,10 @@ def _link_target(link: Path, source: Path) -> str:
     return target
 
 
-def _place_file(source: str, target: str, snapshot: Snapshot, mapped: _Mappings, *, link: bool) -> None:
-    if link and not mapped.holds(source):
+def _place_file(
+    source: str, target: str, snapshot: Snapshot, mapped: _Mappings, file_id: _FileId, *, link: bool
+) -> None:
+    if link and not mapped.holds(source, file_id):
         os.link(source, target, follow_symlinks=False)
         snapshot.stamps[target] = _stamp(os.lstat(target))
     else:
@@ -300,11 +304,8 @@ class _Mappings:
 
     names: set[str] = field(default_factory=set)
 
-    def holds(self, path: str) -> bool:
-        if not self.ids:
-            return False
-        status = os.lstat(path)
-        if (status.st_dev, status.st_ino) in self.ids:
+    def holds(self, path: str, file_id: _FileId) -> bool:
+        if file_id in self.ids:
             return True
         return os.path.basename(path) in self.names and os.path.realpath(path) in self.paths
 
@@ -329,6 +330,8 @@ def _shared_writable_mappings() -> _Mappings:
                 listing = maps.read()
         except OSError:
             continue  # exited meanwhile, or not ours to read
+        if b"w-s " not in listing and b"wxs " not in listing:
+            continue  # most processes map nothing shared-writable: skip the line-by-line parse
         for major, minor, inode, path in _SHARED_WRITABLE.findall(listing):
             mappings.ids.add((os.makedev(int(major, 16), int(minor, 16)), int(inode)))
             mapped_path = os.fsdecode(path.removesuffix(b" (deleted)"))
