@@ -185,6 +185,9 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
         )
     if stat.S_ISDIR(mode):
         check_tree(data)  # refuse what cannot be saved now, naming the caller's paths
+    for place in (scratch, data.parent):  # where a killed save may have left a snapshot
+        with contextlib.suppress(OSError):
+            sweep_abandoned(place, SNAPSHOT_PREFIX)
     mapped = _shared_writable_mappings()
     for parent in (scratch, data.parent):
         snapshot = _new_snapshot(data, parent)
@@ -210,7 +213,6 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
 def _new_snapshot(data: Path, parent: Path, *, strict: bool = False) -> Snapshot | None:
     """An empty, locked snapshot directory in ``parent``; ``None`` if it cannot be made there."""
     try:
-        sweep_abandoned(parent, SNAPSHOT_PREFIX)
         while True:
             root = parent / f"{SNAPSHOT_PREFIX}{uuid.uuid4().hex}"
             lock_fd = create_locked(Path(str(root) + LOCK_SUFFIX))

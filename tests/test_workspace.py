@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,21 @@ def test_a_live_workspace_is_not_swept(private_tmpdir: Path) -> None:
     assert directory.is_dir()
     workspace.close()
     assert not directory.exists()
+
+
+def test_running_out_of_file_descriptors_at_close_leaves_tmpdir_permissions_alone(
+    private_tmpdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workspace = Workspace()
+    directory = str(workspace.path)
+    real_open = os.open
+
+    def out_of_descriptors(path: Any, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path) == directory:  # fault injection: EMFILE when removal opens the tree
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    workspace.close()
+    monkeypatch.undo()
+    assert mode_of(private_tmpdir) == 0o1777
