@@ -40,13 +40,19 @@ def stall_uploads(monkeypatch: pytest.MonkeyPatch, backend: Backend, gate: threa
     return started
 
 
+def stalled_checkpoint(target: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Checkpoint, threading.Event]:
+    """A helper saving to ``target`` whose uploads wait until the returned gate is set."""
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    return cp, gate
+
+
 def test_a_background_save_returns_before_the_upload_and_lands_after_wait(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "obj"
-    cp = Checkpoint(str(target))
-    gate = threading.Event()
-    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp, gate = stalled_checkpoint(target, monkeypatch)
     cp.save_sync(model_dir, background=True)
     assert not target.exists()
     gate.set()
@@ -167,9 +173,7 @@ async def test_an_async_background_save_returns_before_the_upload_and_wait_flush
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "obj"
-    cp = Checkpoint(str(target))
-    gate = threading.Event()
-    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp, gate = stalled_checkpoint(target, monkeypatch)
     await cp.save(model_dir, background=True)  # returns although the upload cannot write yet
     assert not target.exists()
     gate.set()

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from flyte_checkpoint import (
 from flyte_checkpoint import archive as archive_module
 from flyte_checkpoint.lockfiles import SNAPSHOT_PREFIX
 from tests.conftest import tree_of
-from tests.test_background_save import restore, stall_uploads
+from tests.test_background_save import restore, stalled_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,9 +47,7 @@ def test_a_file_written_through_a_shared_memory_map_is_saved_as_it_was_at_the_sn
     (model / "step").write_text("1")
     weights = np.memmap(model / "weights.f32", dtype=np.float32, mode="w+", shape=(1 << 16,))
     weights[:] = 1.0  # every page dirty: later writes to them do not move the mtime
-    cp = Checkpoint(str(tmp_path / "obj"))
-    gate = threading.Event()
-    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp, gate = stalled_checkpoint(tmp_path / "obj", monkeypatch)
     cp.save_sync(model, background=True)
     weights[:] = 2.0  # the next training step, written while the upload waits
     (model / "step.tmp").write_text("2")
@@ -93,9 +90,7 @@ def test_a_file_another_process_writes_through_a_shared_map_is_saved_as_it_was(
         writer.stdin.write("a\n")
         writer.stdin.flush()
         assert writer.stdout.readline() == "written\n"
-        cp = Checkpoint(str(tmp_path / "obj"))
-        gate = threading.Event()
-        stall_uploads(monkeypatch, cp._dest_backend, gate)
+        cp, gate = stalled_checkpoint(tmp_path / "obj", monkeypatch)
         cp.save_sync(model, background=True)
         writer.stdin.write("b\n")
         writer.stdin.flush()
