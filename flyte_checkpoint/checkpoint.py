@@ -243,7 +243,8 @@ class Checkpoint(BaseCheckpoint):
         With ``background=True`` the call returns as soon as a snapshot of ``data`` is taken (hard
         links, no data copied) and the upload runs in a worker thread; later changes to the files
         do not leak into it. At most one background save is in flight; a newer one supersedes a
-        queued one. Its failure is raised by the next save, :meth:`wait_sync` or :meth:`close`.
+        queued one. Its failure is raised by the next save, :meth:`wait_sync` or :meth:`close`,
+        unless a newer save succeeded after it (the newest state wins; it is logged at WARNING).
         A blocking save first waits for background saves, so saves land in call order.
 
         ``progress(bytes_written, total)`` is called as the object is written; ``total`` is
@@ -277,7 +278,10 @@ class Checkpoint(BaseCheckpoint):
         await asyncio.to_thread(self.save_sync, data, background=background, progress=progress)
 
     def wait_sync(self) -> None:
-        """Block until background saves are done; raise the failure of one that failed."""
+        """Block until background saves are done; raise the failure of the newest that failed.
+
+        A failed save that a newer, successful save overtook is logged at WARNING, not raised.
+        """
         if self._saver is not None:
             self._saver.wait()
 
