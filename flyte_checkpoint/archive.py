@@ -49,6 +49,7 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
     UnsafeArchiveError,
 )
+from flyte_checkpoint.lockfiles import SNAPSHOT_PREFIX, is_snapshot_scratch
 
 _isal_gzip: Any
 try:  # python-isal's igzip is 5-10x faster than zlib; fall back to the standard library.
@@ -163,6 +164,8 @@ def _walk(root: Path, alias: tuple[str, str]) -> Iterator[tuple[Path, str]]:
         with os.scandir(directory) as scan:
             children = sorted(scan, key=lambda entry: entry.name)
         for entry in children:
+            if entry.name.startswith(SNAPSHOT_PREFIX) and is_snapshot_scratch(entry.path):
+                continue  # a background save's snapshot placed beside a source: never a member
             path = Path(entry.path)
             arcname = path.relative_to(root).as_posix()
             mode = entry.stat(follow_symlinks=False).st_mode

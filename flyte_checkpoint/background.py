@@ -15,20 +15,24 @@ logger = logging.getLogger("flyte_checkpoint")
 class BackgroundSaver:
     """Runs uploads of snapshots in a worker thread: one in flight, at most one queued.
 
-    A request arriving while another is queued (not yet started) *supersedes* it: the queued
-    snapshot is dropped, because a newer state of the same checkpoint makes it worthless, and the
-    caller never waits for an upload it no longer needs. A failure is kept and raised by the next
-    :meth:`submit` or :meth:`wait`. The worker thread exits when idle, and is not a daemon, so
-    the interpreter finishes an upload in flight before exiting.
+    The newest state wins. A request arriving while another is queued (not yet started)
+    *supersedes* it: the queued snapshot is dropped, because a newer state of the same checkpoint
+    makes it worthless, and the caller never waits for an upload it no longer needs. A failure is
+    kept and raised by the next :meth:`submit` or :meth:`wait`, unless a newer save was submitted
+    after the failed one: then that newer save decides. If it succeeds, the older failure is
+    logged at WARNING and never raised (the checkpoint holds a newer state than the one that
+    failed); if it fails too, its failure is raised instead. The worker thread exits when idle,
+    and is not a daemon, so the interpreter finishes an upload in flight before exiting.
     """
 
     def __init__(self, upload: Callable[[Snapshot], None], name: str) -> None:
         self._upload = upload
         self._name = name
         self._condition = threading.Condition()
-        self._queued: Snapshot | None = None
+        self._submitted = 0  # sequence number of the newest submitted snapshot
+        self._queued: tuple[int, Snapshot] | None = None
         self._busy = False
-        self._error: BaseException | None = None
+        self._error: tuple[int, BaseException] | None = None
         self._pausers = 0
         self._may_upload = threading.Event()
         self._may_upload.set()
@@ -54,56 +58,79 @@ class BackgroundSaver:
                     self._may_upload.set()
 
     def submit(self, snapshot: Snapshot) -> None:
-        """Queue ``snapshot`` for upload, replacing a queued one; raise an earlier failure first."""
+        """Queue ``snapshot`` for upload, replacing a queued one.
+
+        Raises the failure of the newest earlier save first (and drops ``snapshot``); the
+        failure of a save that a newer one superseded waits for that newer one's outcome.
+        """
         with self._condition:
-            try:
-                self._raise_pending_error()
-            except BaseException:
+            if self._error is not None and self._error[0] == self._submitted:
                 snapshot.discard()
-                raise
+                self._raise_pending_error()
             if self._queued is not None:
-                self._queued.discard()
+                self._queued[1].discard()
                 self.superseded += 1
                 logger.debug("background save of %s superseded by a newer one", self._name)
             snapshot.gate = self._may_upload
-            self._queued = snapshot
+            self._submitted += 1
+            self._queued = (self._submitted, snapshot)
             if not self._busy:
                 self._busy = True
                 threading.Thread(target=self._run, name=f"flyte-checkpoint-save {self._name}").start()
 
     def wait(self) -> None:
-        """Block until nothing is queued or in flight; raise the failure of any background save."""
+        """Block until nothing is queued or in flight; raise the failure of the newest failed save.
+
+        A failure is raised only if no newer save succeeded after it (the newest state wins).
+        """
         with self._condition:
             while self._busy:
                 self._condition.wait()
             self._raise_pending_error()
 
-    @property
-    def pending(self) -> bool:
-        """Whether an upload is queued or in flight."""
-        with self._condition:
-            return self._busy
-
     def _raise_pending_error(self) -> None:
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
+        pending, self._error = self._error, None
+        if pending is not None:
+            raise pending[1]
 
     def _run(self) -> None:
         while True:
             with self._condition:
-                snapshot, self._queued = self._queued, None
-                if snapshot is None:
+                if self._queued is None:
                     self._busy = False
                     self._condition.notify_all()
                     return
+                (sequence, snapshot), self._queued = self._queued, None
             try:
                 self._upload(snapshot)
             except BaseException as error:  # kept for the caller; a thread has nobody to raise to
                 if hasattr(error, "add_note"):
                     error.add_note(f"flyte_checkpoint: raised by a background save of {self._name}")
-                logger.error("background save of %s failed: %s", self._name, error)
                 with self._condition:
-                    self._error = error
+                    self._record_failure(sequence, error)
+            else:
+                with self._condition:
+                    self._forget_older_failure(sequence)
             finally:
                 snapshot.discard()
+
+    def _record_failure(self, sequence: int, error: BaseException) -> None:
+        if self._error is not None:
+            self._log_overtaken(self._error[1], "failed too")
+        self._error = (sequence, error)
+        if self._queued is None:
+            logger.error("background save of %s failed: %s", self._name, error)
+
+    def _forget_older_failure(self, sequence: int) -> None:
+        if self._error is not None and self._error[0] < sequence:
+            self._log_overtaken(self._error[1], "succeeded")
+            self._error = None
+
+    def _log_overtaken(self, error: BaseException, outcome: str) -> None:
+        logger.warning(
+            "background save of %s failed, and a newer background save %s, so the newest state "
+            "wins and this failure is not raised: %s",
+            self._name,
+            outcome,
+            error,
+        )

@@ -244,7 +244,8 @@ class Checkpoint(BaseCheckpoint):
         With ``background=True`` the call returns as soon as a snapshot of ``data`` is taken (hard
         links, no data copied) and the upload runs in a worker thread; later changes to the files
         do not leak into it. At most one background save is in flight; a newer one supersedes a
-        queued one. Its failure is raised by the next save, :meth:`wait_sync` or :meth:`close`.
+        queued one. Its failure is raised by the next save, :meth:`wait_sync` or :meth:`close`,
+        unless a newer save succeeded after it (the newest state wins; it is logged at WARNING).
         A blocking save first waits for background saves, so saves land in call order.
 
         ``progress(bytes_written, total)`` is called as the object is written; ``total`` is
@@ -278,7 +279,10 @@ class Checkpoint(BaseCheckpoint):
         await asyncio.to_thread(self.save_sync, data, background=background, progress=progress)
 
     def wait_sync(self) -> None:
-        """Block until background saves are done; raise the failure of one that failed."""
+        """Block until background saves are done; raise the failure of the newest that failed.
+
+        A failed save that a newer, successful save overtook is logged at WARNING, not raised.
+        """
         if self._saver is not None:
             self._saver.wait()
 
@@ -293,7 +297,10 @@ class Checkpoint(BaseCheckpoint):
 
     def _upload(self, snapshot: Snapshot) -> None:
         started = time.monotonic()
-        kind, size = self._retry.call(lambda: self._upload_once(snapshot), describe=f"saving {self._dest}")
+        with snapshot.errors_for_the_caller():
+            kind, size = self._retry.call(
+                lambda: self._upload_once(snapshot), describe=f"saving {self._dest}"
+            )
         _log_transfer("saved", self._dest, kind, size, started)
 
     def _open_writer(
@@ -321,8 +328,8 @@ class Checkpoint(BaseCheckpoint):
             with self._open_writer("archive", snapshot, None) as writer:
                 archive.pack_directory(content, cast(IO[bytes], writer), level=self._level)
                 snapshot.verify_unchanged()  # before commit: a changed input aborts the upload
-            return f"directory {content}", writer.tell()
-        with translated_os_errors(str(content), "reading"), open(content, "rb") as source:
+            return f"directory {snapshot.user_path}", writer.tell()
+        with translated_os_errors(str(snapshot.user_path), "reading"), open(content, "rb") as source:
             size = os.fstat(source.fileno()).st_size
             digest: str | None = None
             if self._dest_backend.records_digest_only_when_declared:
@@ -333,7 +340,7 @@ class Checkpoint(BaseCheckpoint):
             with self._open_writer("payload", snapshot, size, digest) as writer:
                 writer.write_from(source)
                 snapshot.verify_unchanged()
-        return f"file {content}", writer.tell()
+        return f"file {snapshot.user_path}", writer.tell()
 
     # -- lifetime ----------------------------------------------------------------------------
 

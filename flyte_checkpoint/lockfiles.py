@@ -1,15 +1,25 @@
 """Files that prove their owner is alive: an ``flock`` held for as long as the owner needs them.
 
 The kernel drops a process's locks when it dies, so a lock file nobody holds belongs to a dead
-owner, and whatever it guards can be removed. Used for save temp files and restore workspaces.
+owner, and whatever it guards can be removed. Used for save temp files, restore workspaces and
+background-save snapshots.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import shutil
+import stat
+import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+
+LOCK_SUFFIX = ".lock"
+SNAPSHOT_PREFIX = ".flyte-cp-snapshot-"
+"""Names of background-save snapshots; one may sit beside the saved path (see snapshot.py)."""
 
 
 def create_locked(path: Path, mode: int = 0o600) -> int | None:
@@ -30,19 +40,104 @@ def create_locked(path: Path, mode: int = 0o600) -> int | None:
     return None
 
 
-def remove_if_abandoned(path: Path, remove: Callable[[], None]) -> bool:
-    """If no live process holds ``path``'s lock, call ``remove()`` (while holding it) and say so."""
+def is_ours(status: os.stat_result, kind: Callable[[int], bool]) -> bool:
+    """Whether ``status`` (from ``lstat``/``fstat``) is of ``kind`` and owned by this process's user.
+
+    Lock files sit in shared directories such as ``/tmp``, where any local user can plant one
+    with our naming pattern: only what we could have made ourselves is ever removed.
+    """
+    return kind(status.st_mode) and status.st_uid == os.geteuid()
+
+
+def remove_if_abandoned(path: Path, remove: Callable[[], bool | None]) -> bool:
+    """If no live process holds ``path``'s lock, call ``remove()`` (while holding it) and say so.
+
+    Only a regular file owned by this user counts as a lock (never followed through a symlink).
+    ``remove()`` returns ``False`` when it found the guarded files not to be ours and left them.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if not os.path.samestat(os.fstat(fd), os.lstat(path)):
+        status = os.fstat(fd)
+        if not is_ours(status, stat.S_ISREG):
             return False
-        remove()
-        return True
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not os.path.samestat(status, os.lstat(path)):
+            return False
+        return remove() is not False
     except OSError:
         return False  # held by a live owner, or removed meanwhile
     finally:
         os.close(fd)
+
+
+def sweep_abandoned(directory: Path, prefix: str) -> int:
+    """Remove every ``prefix*`` tree in ``directory`` whose lock file (``*.lock``) nobody holds.
+
+    Trees of other tools with the same prefix have no lock file and are left alone; so is
+    anything not made by this user, or a symlink.
+    """
+    return sum(
+        remove_if_abandoned(lock, partial(_remove_tree_and_lock, lock))
+        for lock in directory.glob(f"{prefix}*{LOCK_SUFFIX}")
+    )
+
+
+def _remove_tree_and_lock(lock: Path) -> bool:
+    if not remove_owned_tree(str(lock)[: -len(LOCK_SUFFIX)]):
+        return False
+    os.unlink(lock)
+    return True
+
+
+def remove_owned_tree(directory: str) -> bool:
+    """Remove ``directory`` if it is a real directory (not a symlink) of this user; say whether.
+
+    A directory missing already counts as removed. Whatever cannot be removed is left behind:
+    this runs on close, at garbage collection and in sweeps, where raising helps nobody.
+    """
+    try:
+        status = os.lstat(directory)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if not is_ours(status, stat.S_ISDIR):
+        return False
+    prefix = directory.rstrip(os.sep) + os.sep
+
+    # A task may have made a directory of its tree read-only: make it writable and retry. Only
+    # directories strictly inside the tree: the tree's own parent is a shared one such as /tmp.
+    def make_writable_and_retry(function: Callable[[str], object], path: str, exc: object) -> None:
+        parent = os.path.dirname(path)
+        if isinstance(exc, tuple):  # onerror's (type, value, traceback) before Python 3.12
+            exc = exc[1]
+        if isinstance(exc, PermissionError) and (parent + os.sep).startswith(prefix):
+            with contextlib.suppress(OSError):
+                os.chmod(parent, 0o700)
+                function(path)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(directory, onexc=make_writable_and_retry)
+    else:
+        shutil.rmtree(directory, onerror=make_writable_and_retry)
+    return not os.path.lexists(directory)
+
+
+def is_snapshot_scratch(path: str) -> bool:
+    """Whether ``path`` is a background-save snapshot of ours (live or abandoned) or its lock file.
+
+    Checked by every walk of a directory being saved: a snapshot placed beside a source (when
+    TMPDIR is on another filesystem) must never become a member of a later save of that
+    directory. Only entries we made count: the prefix, and a lock file of this user beside it.
+    """
+    name = os.path.basename(path)
+    if not name.startswith(SNAPSHOT_PREFIX):
+        return False
+    lock = path if name.endswith(LOCK_SUFFIX) else path + LOCK_SUFFIX
+    try:
+        return is_ours(os.lstat(lock), stat.S_ISREG)
+    except OSError:
+        return False

@@ -3,10 +3,18 @@
 A directory is snapshotted as a tree of hard links (one ``link()`` per file, no data copied) on
 the same filesystem; a later ``write-new-then-rename``, a delete or a new file in the source does
 not reach the snapshot. An in-place overwrite of a file *does* reach it (the inode is shared), so
-every snapshot file's size and mtime are recorded and checked again after the upload has
-read it: a change fails that save before it commits, rather than storing a mix of two states.
-Where hard links are impossible (another filesystem, a filesystem without them) the files are
-copied instead.
+every linked file's size and mtime are recorded and checked again after the upload has read it:
+a change fails that save before it commits, rather than storing a mix of two states.
+
+Writes through a shared writable memory map (``np.memmap``, ``torch.from_file(shared=True)``)
+move the mtime only when a clean page is first dirtied, so the check above cannot see them:
+files mapped shared-writable by this process or another of this user's processes (their
+``/proc/<pid>/maps``) are copied into the snapshot instead of linked. Where hard links are
+impossible (another filesystem, a filesystem without them) every file is copied.
+
+Each snapshot directory (``.flyte-cp-snapshot-*``) has a lock file beside it, held for its
+lifetime like a workspace's: the next snapshot sweeps those a killed process left behind, and
+no walk of a directory being saved ever packs one (:func:`~flyte_checkpoint.lockfiles.is_snapshot_scratch`).
 """
 
 from __future__ import annotations
@@ -14,18 +22,37 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import stat
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flyte_checkpoint.archive import check_tree, describe_mode
-from flyte_checkpoint.errors import InputChangedError, InvalidCheckpointInputError
+from flyte_checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointPermissionError,
+    CheckpointStorageError,
+    InputChangedError,
+    InvalidCheckpointInputError,
+)
+from flyte_checkpoint.lockfiles import (
+    LOCK_SUFFIX,
+    SNAPSHOT_PREFIX,
+    create_locked,
+    is_snapshot_scratch,
+    remove_owned_tree,
+    sweep_abandoned,
+)
 from flyte_checkpoint.progress import ProgressCallback
+from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
 
 _Stamp = tuple[int, int]
+_FileId = tuple[int, int]
 
 
 @dataclass
@@ -34,13 +61,23 @@ class Snapshot:
 
     data: bytes | Path
     owned_root: Path | None = None
+    source: Path | None = None
+    """The caller's path that ``data`` is a snapshot of; ``None`` when ``data`` is that path."""
     stamps: dict[str, _Stamp] = field(default_factory=dict)
     progress: ProgressCallback | None = None
     gate: threading.Event | None = None
     """Set while the upload may write; cleared while the caller takes the next snapshot."""
+    lock_fd: int | None = None
+
+    @property
+    def user_path(self) -> Path | None:
+        """The path the caller asked to save (never the snapshot's), or ``None`` for bytes."""
+        if self.source is not None:
+            return self.source
+        return self.data if isinstance(self.data, Path) else None
 
     def verify_unchanged(self) -> None:
-        """Raise :class:`InputChangedError` if any snapshot file changed since it was taken."""
+        """Raise :class:`InputChangedError` if any linked file changed since it was taken."""
         for path, stamp in self.stamps.items():
             try:
                 now = _stamp(os.lstat(path))
@@ -48,17 +85,53 @@ class Snapshot:
                 now = (-1, -1)
             if now != stamp:
                 raise InputChangedError(
-                    f"{os.path.basename(path)} was modified in place while a background save was "
+                    f"{self._user_name(path)} was modified in place while a background save was "
                     "uploading it, so that save was discarded and the previous checkpoint kept; write "
                     "new files and rename them (as torch.save to a new name does) or wait() before "
                     "rewriting"
                 )
 
+    @contextlib.contextmanager
+    def errors_for_the_caller(self) -> Iterator[None]:
+        """Raise OS errors from reading the input as typed errors naming the caller's paths.
+
+        A read that fails because a linked file shrank under it (tarfile's "unexpected end of
+        data") is the input changing, so it raises :class:`InputChangedError`.
+        """
+        try:
+            yield
+        except (OSError, EOFError) as exc:
+            if isinstance(exc, InputChangedError) or self.user_path is None:
+                raise
+            try:
+                self.verify_unchanged()
+            except InputChangedError as changed:
+                raise changed from exc
+            if isinstance(exc, CheckpointError) or not isinstance(exc, OSError):
+                raise
+            raise _source_error(exc, self._user_name(exc.filename)) from exc
+
+    def _user_name(self, path: object) -> str:
+        """``path`` with the snapshot's location replaced by the caller's."""
+        user = self.user_path
+        if not isinstance(path, str) or user is None:
+            return str(user)
+        if self.source is not None and isinstance(self.data, Path):
+            private = str(self.data)
+            if path == private or path.startswith(private + os.sep):
+                return str(self.source) + path[len(private) :]
+        return path
+
     def discard(self) -> None:
-        """Remove the private copy, if this snapshot made one."""
+        """Remove the private copy and its lock file, if this snapshot made them."""
         if self.owned_root is not None:
-            shutil.rmtree(self.owned_root, ignore_errors=True)
+            remove_owned_tree(str(self.owned_root))
+            with contextlib.suppress(OSError):
+                os.unlink(str(self.owned_root) + LOCK_SUFFIX)
             self.owned_root = None
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
 
 def _stamp(status: os.stat_result) -> _Stamp:
@@ -67,10 +140,44 @@ def _stamp(status: os.stat_result) -> _Stamp:
     return (status.st_size, status.st_mtime_ns)
 
 
+def _source_error(exc: OSError, path: str) -> CheckpointError:
+    """The typed error for ``exc``, raised while reading ``path`` (the caller's) to save it."""
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
+        return CheckpointPermissionError(
+            f"cannot read {path} to save it: permission denied; make it readable by this process "
+            "(e.g. chmod u+r) or move it out of what is saved"
+        )
+    if exc.errno == errno.ENAMETOOLONG:
+        return InvalidCheckpointInputError(
+            f"cannot save {path}: a path inside it is longer than the system allows (PATH_MAX); "
+            "flatten the directory tree or shorten its names"
+        )
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return CheckpointStorageError(
+            f"cannot save {path}: too many open files ({exc.strerror}); raise the limit "
+            "(ulimit -n) or close files the process keeps open, then save again"
+        )
+    if isinstance(exc, FileNotFoundError):
+        return CheckpointNotFoundError(
+            f"cannot save {path}: it disappeared while it was being read (deleted by another "
+            "writer?); save again once the directory is complete"
+        )
+    return os_error_to_checkpoint_error(exc, path, "saving")
+
+
 def take_snapshot(data: bytes | Path, scratch: Path) -> Snapshot:
-    """Snapshot ``data``; hard links go below ``scratch`` or, failing that, beside the source."""
+    """Snapshot ``data``; hard links go below ``scratch`` or, failing that, beside the source.
+
+    Abandoned snapshots of killed processes in both places are swept first. Errors name the
+    caller's paths (see :meth:`Snapshot.errors_for_the_caller`).
+    """
     if isinstance(data, bytes):
         return Snapshot(data)
+    with Snapshot(data).errors_for_the_caller():
+        return _take_path_snapshot(data, scratch)
+
+
+def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
     mode = os.stat(data).st_mode
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
         raise InvalidCheckpointInputError(
@@ -78,51 +185,80 @@ def take_snapshot(data: bytes | Path, scratch: Path) -> Snapshot:
         )
     if stat.S_ISDIR(mode):
         check_tree(data)  # refuse what cannot be saved now, naming the caller's paths
+    for place in (scratch, data.parent):  # where a killed save may have left a snapshot
+        with contextlib.suppress(OSError):
+            sweep_abandoned(place, SNAPSHOT_PREFIX)
+    mapped = _shared_writable_mappings()
     for parent in (scratch, data.parent):
-        root = parent / f".flyte-cp-snapshot-{uuid.uuid4().hex}"
-        try:
-            root.mkdir()
-        except OSError:
+        snapshot = _new_snapshot(data, parent)
+        if snapshot is None:
             continue
-        snapshot = Snapshot(root / data.name, owned_root=root)
         try:
-            _mirror(data, root / data.name, snapshot, link=True)
+            _mirror(data, snapshot, mapped, link=True)
             return snapshot
         except OSError as exc:
             snapshot.discard()
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
                 raise
-    root = scratch / f".flyte-cp-snapshot-{uuid.uuid4().hex}"
-    root.mkdir()
-    snapshot = Snapshot(root / data.name, owned_root=root)
+    snapshot = _new_snapshot(data, scratch, strict=True)
+    assert snapshot is not None
     try:
-        _mirror(data, root / data.name, snapshot, link=False)
+        _mirror(data, snapshot, mapped, link=False)
     except BaseException:
         snapshot.discard()
         raise
     return snapshot
 
 
-def _mirror(source: Path, target: Path, snapshot: Snapshot, *, link: bool) -> None:
-    if stat.S_ISREG(os.stat(source).st_mode):
-        _place_file(source, target, snapshot, link=link)
+def _new_snapshot(data: Path, parent: Path, *, strict: bool = False) -> Snapshot | None:
+    """An empty, locked snapshot directory in ``parent``; ``None`` if it cannot be made there."""
+    try:
+        while True:
+            root = parent / f"{SNAPSHOT_PREFIX}{uuid.uuid4().hex}"
+            lock_fd = create_locked(Path(str(root) + LOCK_SUFFIX))
+            if lock_fd is not None:
+                break
+        snapshot = Snapshot(root / data.name, owned_root=root, source=data, lock_fd=lock_fd)
+    except OSError:
+        if strict:
+            raise
+        return None
+    try:
+        root.mkdir()
+    except OSError:
+        snapshot.discard()
+        if strict:
+            raise
+        return None
+    return snapshot
+
+
+def _mirror(source: Path, snapshot: Snapshot, mapped: _Mappings, *, link: bool) -> None:
+    target = snapshot.data
+    assert isinstance(target, Path)
+    status = os.stat(source)
+    if stat.S_ISREG(status.st_mode):
+        _place_file(str(source), str(target), snapshot, mapped, (status.st_dev, status.st_ino), link=link)
         return
     # Plain string paths and one scandir per directory: with pathlib and os.walk, path objects
     # cost as much as the links themselves, and a background save's caller waits for all of it.
     pending = [(str(source), str(target))]
     while pending:
         directory, mirrored = pending.pop()
+        device = os.stat(directory).st_dev  # with DirEntry.inode(), identifies files without a stat each
         os.mkdir(mirrored)
         with os.scandir(directory) as scan:
             entries = sorted(scan, key=lambda entry: entry.name)
         for entry in entries:
+            if entry.name.startswith(SNAPSHOT_PREFIX) and is_snapshot_scratch(entry.path):
+                continue
             destination = os.path.join(mirrored, entry.name)
             if entry.is_symlink():
                 os.symlink(_link_target(Path(entry.path), source), destination)
             elif entry.is_dir(follow_symlinks=False):
                 pending.append((entry.path, destination))
             elif entry.is_file(follow_symlinks=False):
-                _place_file(entry.path, destination, snapshot, link=link)
+                _place_file(entry.path, destination, snapshot, mapped, (device, entry.inode()), link=link)
             else:
                 mode = entry.stat(follow_symlinks=False).st_mode
                 raise InvalidCheckpointInputError(
@@ -144,9 +280,63 @@ def _link_target(link: Path, source: Path) -> str:
     return target
 
 
-def _place_file(source: str | Path, target: str | Path, snapshot: Snapshot, *, link: bool) -> None:
-    if link:
+def _place_file(
+    source: str, target: str, snapshot: Snapshot, mapped: _Mappings, file_id: _FileId, *, link: bool
+) -> None:
+    if link and not mapped.holds(source, file_id):
         os.link(source, target, follow_symlinks=False)
-        snapshot.stamps[os.fspath(target)] = _stamp(os.lstat(target))
+        snapshot.stamps[target] = _stamp(os.lstat(target))
     else:
+        # A true copy: what a shared mapping writes later cannot reach it, and the kernel copies
+        # (copy_file_range/sendfile) from the page cache, dirty mapped pages included.
         shutil.copy2(source, target, follow_symlinks=False)
+
+
+# /proc/<pid>/maps: "start-end perms offset major:minor inode   path"
+_SHARED_WRITABLE = re.compile(rb"^\S+ .w.s \S+ ([0-9a-f]+):([0-9a-f]+) (\d+) +(.*)$", re.MULTILINE)
+
+
+@dataclass
+class _Mappings:
+    """Files mapped shared and writable, by (device, inode) and by path (overlayfs reports the
+    inode of the layer below in ``maps``, so the path is compared too)."""
+
+    ids: set[_FileId] = field(default_factory=set)
+    paths: set[str] = field(default_factory=set)
+
+    names: set[str] = field(default_factory=set)
+
+    def holds(self, path: str, file_id: _FileId) -> bool:
+        if file_id in self.ids:
+            return True
+        return os.path.basename(path) in self.names and os.path.realpath(path) in self.paths
+
+
+def _shared_writable_mappings() -> _Mappings:
+    """Files that this process or another process of this user maps shared and writable.
+
+    Only what ``/proc/<pid>/maps`` shows: processes of other users (whose maps we may not read)
+    and mappings made after this call are not seen; README "Background saves" says so.
+    """
+    mappings = _Mappings()
+    user = os.geteuid()
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        pids = []
+    for pid in ["self", *pids]:
+        try:
+            if pid != "self" and os.stat(f"/proc/{pid}").st_uid != user:
+                continue
+            with open(f"/proc/{pid}/maps", "rb") as maps:
+                listing = maps.read()
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        if b"w-s " not in listing and b"wxs " not in listing:
+            continue  # most processes map nothing shared-writable: skip the line-by-line parse
+        for major, minor, inode, path in _SHARED_WRITABLE.findall(listing):
+            mappings.ids.add((os.makedev(int(major, 16), int(minor, 16)), int(inode)))
+            mapped_path = os.fsdecode(path.removesuffix(b" (deleted)"))
+            mappings.paths.add(mapped_path)
+            mappings.names.add(os.path.basename(mapped_path))
+    return mappings

@@ -5,22 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import weakref
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path, PosixPath
 
 from flyte_checkpoint.errors import CheckpointClosedError
-from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
+from flyte_checkpoint.lockfiles import LOCK_SUFFIX, create_locked, remove_owned_tree, sweep_abandoned
+from flyte_checkpoint.storage.errors import translated_os_errors
 
 WORKSPACE_PREFIX = "flyte-cp-"
-_LOCK_SUFFIX = ".lock"
 
 
 def _lock_file(directory: Path) -> Path:
-    return directory.with_name(directory.name + _LOCK_SUFFIX)
+    return directory.with_name(directory.name + LOCK_SUFFIX)
 
 
 def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
@@ -31,28 +28,21 @@ def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
     whose lock can be taken was abandoned (a SIGKILLed load, say). Workspaces of other tools with
     the same prefix have no lock file and are left alone.
     """
-    root = Path(temp_dir or tempfile.gettempdir())
-    return sum(
-        remove_if_abandoned(lock, partial(_release_files, lock))
-        for lock in root.glob(f"{WORKSPACE_PREFIX}*{_LOCK_SUFFIX}")
-    )
-
-
-def _release_files(lock: Path) -> None:
-    _remove_tree(str(lock.with_name(lock.name[: -len(_LOCK_SUFFIX)])))
-    os.unlink(lock)
+    return sweep_abandoned(Path(temp_dir or tempfile.gettempdir()), WORKSPACE_PREFIX)
 
 
 def _create_locked_workspace() -> tuple[Path, int]:
     """A new workspace directory and the descriptor holding its lock."""
     sweep_abandoned_workspaces()
-    while True:
-        directory = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX))
-        fd = create_locked(_lock_file(directory))
-        if fd is not None and directory.is_dir():
-            return directory, fd
-        if fd is not None:
-            os.close(fd)
+    temp_dir = tempfile.gettempdir()
+    with translated_os_errors(temp_dir, "creating a checkpoint workspace (TMPDIR) in"):
+        while True:
+            directory = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX))
+            fd = create_locked(_lock_file(directory))
+            if fd is not None and directory.is_dir():
+                return directory, fd
+            if fd is not None:
+                os.close(fd)
 
 
 class Workspace:
@@ -95,16 +85,12 @@ class Workspace:
     def clear(self) -> None:
         """Remove everything inside the directory, keeping the directory."""
         root = self.path
-        for child in os.scandir(root):
-            if child.is_dir(follow_symlinks=False):
-                shutil.rmtree(child.path)
-            else:
-                os.unlink(child.path)
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
+        with translated_os_errors(str(root), "clearing the workspace"), os.scandir(root) as children:
+            for child in children:
+                if child.is_dir(follow_symlinks=False):
+                    shutil.rmtree(child.path)
+                else:
+                    os.unlink(child.path)
 
     def close(self) -> None:
         """Remove the directory now; idempotent."""
@@ -115,27 +101,11 @@ class Workspace:
 
 def _release(directory: str, lock_fd: int) -> None:
     try:
-        _remove_tree(directory)
+        remove_owned_tree(directory)
         with contextlib.suppress(OSError):
-            os.unlink(directory + _LOCK_SUFFIX)
+            os.unlink(directory + LOCK_SUFFIX)
     finally:
         os.close(lock_fd)
-
-
-def _remove_tree(directory: str) -> None:
-    # Restored trees are made owner-writable on extraction, but a task may have chmod'ed a
-    # directory since: make it writable and retry rather than leave the workspace behind.
-    def make_writable_and_retry(function: Callable[[str], object], path: str, _exc: object) -> None:
-        try:
-            os.chmod(os.path.dirname(path), 0o700)
-            function(path)
-        except OSError:
-            pass
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(directory, onexc=make_writable_and_retry)
-    else:
-        shutil.rmtree(directory, onerror=make_writable_and_retry)
 
 
 class WorkspacePath(PosixPath):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -39,13 +40,19 @@ def stall_uploads(monkeypatch: pytest.MonkeyPatch, backend: Backend, gate: threa
     return started
 
 
+def stalled_checkpoint(target: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Checkpoint, threading.Event]:
+    """A helper saving to ``target`` whose uploads wait until the returned gate is set."""
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    return cp, gate
+
+
 def test_a_background_save_returns_before_the_upload_and_lands_after_wait(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "obj"
-    cp = Checkpoint(str(target))
-    gate = threading.Event()
-    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp, gate = stalled_checkpoint(target, monkeypatch)
     cp.save_sync(model_dir, background=True)
     assert not target.exists()
     gate.set()
@@ -162,19 +169,16 @@ def test_the_retry_runner_flushes_background_saves_before_an_attempt_ends(tmp_pa
     assert (tmp_path / "checkpoint").stat().st_size == 4 << 20
 
 
-async def test_an_async_background_save_returns_quickly_and_wait_flushes_it(tmp_path: Path) -> None:
-    big = tmp_path / "big"
-    big.mkdir()
-    for index in range(4):
-        (big / f"shard{index}").write_bytes(os.urandom(8 << 20))
-    cp = Checkpoint(str(tmp_path / "obj"), compression_level=9)
-    started = time.monotonic()
-    await cp.save(big, background=True)
-    returned_after = time.monotonic() - started
+async def test_an_async_background_save_returns_before_the_upload_and_wait_flushes_it(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp, gate = stalled_checkpoint(target, monkeypatch)
+    await cp.save(model_dir, background=True)  # returns although the upload cannot write yet
+    assert not target.exists()
+    gate.set()
     await cp.wait()
-    total = time.monotonic() - started
-    assert returned_after < total
-    assert tree_of(restore(tmp_path / "obj")) == tree_of(big)
+    assert tree_of(restore(target)) == tree_of(model_dir)
 
 
 def test_an_upload_in_flight_holds_its_writes_while_the_caller_takes_the_next_snapshot(
@@ -199,3 +203,66 @@ def test_an_upload_in_flight_holds_its_writes_while_the_caller_takes_the_next_sn
     assert wrote.wait(5)
     saver.wait()
     assert Path(target).read_bytes() == b"data"
+
+
+def test_a_superseded_save_that_failed_is_logged_not_raised_once_a_newer_save_succeeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    backend = cp._dest_backend
+    original = backend.open_write
+    in_flight, release = threading.Event(), threading.Event()
+
+    def first_upload_fails(uri: str, metadata: Any, **declared: Any) -> Any:
+        if not in_flight.is_set():  # fault injection: the store refuses the first upload
+            in_flight.set()
+            assert release.wait(30), "test gate never opened"
+            raise CheckpointStorageError("injected: the store refused step 1")
+        return original(uri, metadata, **declared)
+
+    monkeypatch.setattr(backend, "open_write", first_upload_fails)
+    cp.save_sync(b"step 1", background=True)
+    assert in_flight.wait(30)
+    cp.save_sync(b"step 2", background=True)  # queued behind the failing upload
+    release.set()
+    with caplog.at_level(logging.WARNING, logger="flyte_checkpoint"):
+        cp.wait_sync()
+    assert target.read_bytes() == b"step 2"
+    assert [record.levelno for record in caplog.records] == [logging.WARNING]
+    assert "injected: the store refused step 1" in caplog.records[0].getMessage()
+
+
+def test_the_newest_failure_is_raised_when_every_save_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    backend = cp._dest_backend
+    in_flight, release = threading.Event(), threading.Event()
+    attempts: list[str] = []
+
+    def every_upload_fails(uri: str, metadata: Any, **declared: Any) -> Any:
+        attempts.append(uri)
+        in_flight.set()
+        assert release.wait(30), "test gate never opened"
+        raise CheckpointStorageError(f"injected failure {len(attempts)}")
+
+    monkeypatch.setattr(backend, "open_write", every_upload_fails)
+    cp.save_sync(b"step 1", background=True)
+    assert in_flight.wait(30)
+    cp.save_sync(b"step 2", background=True)
+    release.set()
+    with pytest.raises(CheckpointStorageError, match="injected failure 2"):
+        cp.wait_sync()
+
+
+def test_the_info_line_of_a_background_save_names_the_callers_directory(
+    tmp_path: Path, model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    with caplog.at_level(logging.INFO, logger="flyte_checkpoint"):
+        cp.save_sync(model_dir, background=True)
+        cp.wait_sync()
+    (saved,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("saved")]
+    assert f"directory {model_dir}:" in saved
+    assert ".flyte-cp-snapshot-" not in saved

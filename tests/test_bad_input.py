@@ -20,6 +20,7 @@ space", the previous checkpoint stays byte-identical and no temp file is left be
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -31,9 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from flyte_checkpoint import Checkpoint, InvalidCheckpointInputError
+from flyte_checkpoint import Checkpoint, CheckpointPermissionError, InvalidCheckpointInputError
 from flyte_checkpoint.storage.local import temp_files_for
 from tests.conftest import tree_of
+from tests.test_snapshot import fail_to_open
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OLD_CHECKPOINT = b"the previous, good checkpoint\n" * 1000
@@ -277,3 +279,13 @@ def test_a_save_that_fills_the_disk_keeps_the_previous_checkpoint_byte_identical
 
 def test_a_save_that_fills_the_disk_leaves_no_temp_file_behind(full_disk_save: FullDiskSave) -> None:
     assert sorted(os.listdir(full_disk_save.dest.parent)) == ["checkpoint"]
+
+
+def test_a_file_that_cannot_be_read_fails_a_blocking_save_with_a_typed_error_naming_it(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fail_to_open(monkeypatch, "weights.bin", errno.EACCES)  # root reads everything: injected
+    with pytest.raises(CheckpointPermissionError, match="chmod u") as raised:
+        Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
+    assert str(model_dir / "weights.bin") in str(raised.value)
+    assert not (tmp_path / "obj").exists()
