@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import _worker  # noqa: E402  (next to this file; stdlib-only at module level)
+import _worker  # next to this file; stdlib-only at module level
 
 MIB = 1 << 20
 PART_BYTES = 8 * MIB
@@ -57,7 +57,7 @@ _worker._warm_up = _warm_up_then_mark
 
 
 def _client(spec: dict[str, Any], threads: int) -> Any:
-    import boto3
+    import boto3  # type: ignore[import-untyped]
     from botocore.config import Config
 
     options = spec["storage_options"]
@@ -77,7 +77,7 @@ def _split(uri: str) -> tuple[str, str]:
 
 
 def run_boto3(spec: dict[str, Any]) -> dict[str, Any]:
-    from boto3.s3.transfer import TransferConfig
+    from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
 
     threads = int(spec.get("threads", 16))
     client = _client(spec, threads)

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import compare  # noqa: E402  (next to this file)
-import netshape  # noqa: E402
-import s3server  # noqa: E402
+import compare  # next to this file
+import netshape
+import s3server
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -49,6 +49,7 @@ LOAD_SPEEDUP = 4.0
 LINE_FRACTION = 0.70
 LINE_CONNECTIONS = (8, 16)
 RSS_LIMIT_MIB = 200.0
+EMULATORS = {"gcs": "fake-gcs-server", "azure": "Azurite"}
 
 
 def log(message: str) -> None:
@@ -90,6 +91,12 @@ class Result:
         return None if value is None else value / self.reps
 
     @property
+    def proxied_mib(self) -> float | None:
+        """Bytes through the proxy, both directions: about the size when nothing went around it."""
+        values = [(run["bytes_up"] + run["bytes_down"]) / MIB for run in self.runs if "bytes_up" in run]
+        return statistics.median(values) / self.reps if values else None
+
+    @property
     def connections(self) -> int | None:
         values = [int(run["peak_connections"]) for run in self.runs if "peak_connections" in run]
         return max(values) if values else None
@@ -105,6 +112,7 @@ class Result:
             "peak_rss_mib": self.peak_rss_mib,
             "requests_per_op": self.requests,
             "peak_connections": self.connections,
+            "proxied_mib": self.proxied_mib,
             "runs": self.runs,
         }
 
@@ -148,11 +156,14 @@ def _s3_storage(server: s3server.S3Server, endpoint: str) -> compare.Storage:
 @contextlib.contextmanager
 def s3_target(args: argparse.Namespace, run_dir: Path) -> Iterator[tuple[Target, netshape.ShapedProxy]]:
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    with s3server.running(args.server, bucket, args.install_server, run_dir / "server-logs") as server:
-        with netshape.ShapedProxy(server.port, args.rate_mib, args.rtt_ms) as proxy:
-            storage = _s3_storage(server, proxy.endpoint)
-            storage.env["NETSHAPE_MARK_PORT"] = str(proxy.mark_port)
-            yield Target(storage, server.name, _s3_storage(server, server.endpoint)), proxy
+    logs = run_dir / "server-logs"
+    with (
+        s3server.running(args.server, bucket, args.install_server, logs) as server,
+        netshape.ShapedProxy(server.port, args.rate_mib, args.rtt_ms) as proxy,
+    ):
+        storage = _s3_storage(server, proxy.endpoint)
+        storage.env["NETSHAPE_MARK_PORT"] = str(proxy.mark_port)
+        yield Target(storage, server.name, _s3_storage(server, server.endpoint)), proxy
 
 
 def _replace_endpoint(value: Any, old: str, new: str) -> Any:
@@ -178,7 +189,7 @@ def emulator_target(args: argparse.Namespace, run_dir: Path) -> Iterator[tuple[T
             base = server.url(bucket)
             storage = compare.Storage(args.backend, base.rstrip("/"), storage_options=options, env=env)
             direct = compare.Storage(args.backend, base.rstrip("/"), storage_options=server.storage_options)
-            yield Target(storage, server.name if hasattr(server, "name") else args.backend, direct), proxy
+            yield Target(storage, EMULATORS[args.backend], direct), proxy
     finally:
         server.stop()
 
@@ -235,7 +246,9 @@ def measure(
                 spec["verify"] = op.startswith("load") and run == 0 and client != "boto3"
                 try:
                     if op.startswith("load") and (client, kind) not in produced:
-                        runner.worker(client, _spec(f"save-{kind}", client, data, target.storage, 1), target.storage)
+                        runner.worker(
+                            client, _spec(f"save-{kind}", client, data, target.storage, 1), target.storage
+                        )
                         produced.add((client, kind))
                     proxy.reset()
                     figures = runner.worker(client, spec, target.storage)
@@ -370,7 +383,11 @@ def print_report(report: dict[str, Any], results: list[Result], checks: list[Che
         if reference and reference.wall_s and result.wall_s and result.client != "reference":
             ratio = f"{reference.wall_s / result.wall_s:.2f}x"
         small = result.op.endswith("bytes")
-        speed = _fmt(None if result.wall_s is None else result.wall_s * 1000) + " ms" if small else _fmt(result.mib_s)
+        speed = (
+            _fmt(None if result.wall_s is None else result.wall_s * 1000) + " ms"
+            if small
+            else _fmt(result.mib_s)
+        )
         connections = result.connections
         line = "-" if small or connections is None else f"{line_mib_s(config['rate_mib'], connections):.0f}"
         rows.append(
@@ -383,13 +400,24 @@ def print_report(report: dict[str, Any], results: list[Result], checks: list[Che
                 _fmt(result.requests, 1),
                 "-" if connections is None else str(connections),
                 line,
+                _fmt(result.proxied_mib, 1 if not small else 3),
                 result.error or "",
             ]
         )
     compare._table(
         rows,
-        ["operation", "client", "MiB/s (1 KiB: ms)", "vs reference", "peak RSS MiB", "requests/op",
-         "max conns", "line MiB/s", "error"],
+        [
+            "operation",
+            "client",
+            "MiB/s (1 KiB: ms)",
+            "vs reference",
+            "peak RSS MiB",
+            "requests/op",
+            "max conns",
+            "line MiB/s",
+            "MiB via proxy",
+            "error",
+        ],
         out,
     )
     print(
@@ -400,13 +428,18 @@ def print_report(report: dict[str, Any], results: list[Result], checks: list[Che
     ceiling = report.get("ceiling")
     if ceiling and "error" not in ceiling:
         print(
-            f"\n{report['server']} unshaped ceiling (boto3, {config['size_mib']} MiB, 8 in flight, 16 MiB parts): "
+            f"\n{report['server']} unshaped ceiling (boto3, {config['size_mib']} MiB, 8 in flight, "
+            "16 MiB parts): "
             f"multipart upload {ceiling['upload_mib_s']:.0f} MiB/s, CompleteMultipartUpload "
             f"{ceiling['complete_s'] * 1000:.0f} ms, ranged GET {ceiling['download_mib_s']:.0f} MiB/s",
             file=out,
         )
     print("\ntargets (issue 12)", file=out)
-    compare._table([[c.name, c.value, c.threshold, _met(c.met)] for c in checks], ["target", "value", "threshold", "met?"], out)
+    compare._table(
+        [[c.name, c.value, c.threshold, _met(c.met)] for c in checks],
+        ["target", "value", "threshold", "met?"],
+        out,
+    )
     failed = [c for c in checks if c.met is False]
     print(f"\n{len(failed)} target(s) not met", file=out)
 
@@ -426,8 +459,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated: ours,reference,boto3")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
     parser.add_argument("--backend", choices=("s3", "gcs", "azure"), default="s3")
-    parser.add_argument("--server", choices=("s3rver", "moto"), default="s3rver", help="S3 server (default s3rver)")
-    parser.add_argument("--install-server", action="store_true", help="npm ci in benchmarks/s3server if needed")
+    parser.add_argument(
+        "--server", choices=("s3rver", "moto"), default="s3rver", help="S3 server (default s3rver)"
+    )
+    parser.add_argument(
+        "--install-server", action="store_true", help="npm ci in benchmarks/s3server if needed"
+    )
     parser.add_argument("--install-reference", action="store_true", help="create benchmarks/.venv-reference")
     parser.add_argument("--no-ceiling", action="store_true", help="skip the server's unshaped ceiling")
     parser.add_argument("--ceiling-only", action="store_true", help="only the server's unshaped ceiling")
@@ -480,7 +517,9 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO) -> int:
     start = s3_target if args.backend == "s3" else emulator_target
     with start(args, run_dir) as (target, proxy):
         ceiling = None if args.no_ceiling else measure_ceiling(runner, target, datasets["file"])
-        results = [] if args.ceiling_only else measure(runner, target, proxy, datasets, clients, args.ops, args)
+        results = (
+            [] if args.ceiling_only else measure(runner, target, proxy, datasets, clients, args.ops, args)
+        )
         server_name = target.server_name
     checks = evaluate(results, args.rate_mib)
     report: dict[str, Any] = {
@@ -498,7 +537,9 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO) -> int:
         "reference_version": reference.version,
         "ceiling": ceiling,
         "results": [result.summary() for result in results],
-        "targets": [{"name": c.name, "value": c.value, "threshold": c.threshold, "met": c.met} for c in checks],
+        "targets": [
+            {"name": c.name, "value": c.value, "threshold": c.threshold, "met": c.met} for c in checks
+        ],
     }
     print_report(report, results, checks, out)
     if args.json:

@@ -139,11 +139,14 @@ def _test_servers() -> Any:
 
 
 def start_moto(bucket: str, log_dir: Path) -> S3Server:
-    """The test suite's moto server (slow ranged GETs; for smoke tests and comparison)."""
+    """The test suite's moto server (slow ranged GETs; for smoke tests and comparison).
+
+    The bucket's name is ``bucket`` with a unique suffix (the test helper's naming).
+    """
     servers = _test_servers()
     moto = servers.start_moto(log_dir=log_dir)
     try:
-        servers.create_bucket(moto, bucket)
+        bucket = servers.create_bucket(moto, bucket)
     except BaseException:
         moto.stop()
         raise
