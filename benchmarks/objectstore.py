@@ -442,6 +442,13 @@ def print_report(report: dict[str, Any], results: list[Result], checks: list[Che
     )
     failed = [c for c in checks if c.met is False]
     print(f"\n{len(failed)} target(s) not met", file=out)
+    machine, load = report["machine"], report["load_average"]
+    print(
+        f"\nmachine: {machine['cpu']}, {machine['nproc']} CPUs, {machine['memory']}, Linux "
+        f"{machine['kernel']}, Python {machine['python']}; load average {load['start']:.2f} at the "
+        f"start, {load['end']:.2f} at the end",
+        file=out,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,6 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, run_dir: Path, out: TextIO) -> int:
+    load_start = os.getloadavg()[0]
     ours = compare.find_ours()
     reference = compare.find_reference(args.install_reference, "reference" in args.clients)
     clients = list(args.clients)
@@ -524,6 +532,7 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO) -> int:
     checks = evaluate(results, args.rate_mib)
     report: dict[str, Any] = {
         "machine": compare.describe_machine(),
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "server": server_name,
         "config": {
             "backend": args.backend,
