@@ -16,15 +16,12 @@ reference's interpreter too.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import shutil
 import socket
 import sys
 import tempfile
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -97,7 +94,7 @@ def run_boto3(spec: dict[str, Any]) -> dict[str, Any]:
         client.upload_file(spec["data"], bucket, key, Config=config)
     else:
         bucket, key = _split(spec["src"])
-        target = pathlib.Path(tempfile.gettempdir()) / "download.bin"
+        target = pathlib.Path(tempfile.mkdtemp()) / "download.bin"  # removed with TMPDIR's dirs
         started = time.perf_counter()
         client.download_file(bucket, key, str(target), Config=config)
     wall = time.perf_counter() - started
@@ -167,25 +164,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return run_ceiling(spec)
     if spec["impl"] == "boto3":
         return run_boto3(spec)
-    return _worker.run(spec)
+    return _measure(spec)
 
 
-def main(argv: list[str]) -> int:
-    spec: dict[str, Any] = json.loads(argv[1])
-    try:
-        result = run(spec)
-    except BaseException as exc:
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}))
-        return 1
-    finally:
-        for child in pathlib.Path(tempfile.gettempdir()).iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
-            elif child.name == "download.bin":
-                child.unlink(missing_ok=True)
-    print(json.dumps(result))
-    return 0
-
+# _worker.main prints the result or the error and empties TMPDIR; it calls our run.
+_measure = _worker.run
+_worker.run = run
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(_worker.main(sys.argv))
