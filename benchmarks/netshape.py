@@ -190,7 +190,17 @@ class Shaper:
                     stats.bytes_down += len(chunk)
                 if chunk:
                     await bucket.take(len(chunk))
-                await queue.put((time.monotonic() + self.one_way_s, chunk))
+                item = (time.monotonic() + self.one_way_s, chunk)
+                if queue.full():
+                    # Wait for room, or for the writer to fail (peer gone): never wait forever.
+                    room = asyncio.ensure_future(queue.put(item))
+                    await asyncio.wait({room, delivering}, return_when=asyncio.FIRST_COMPLETED)
+                    if not room.done():
+                        room.cancel()
+                        delivering.result()  # raises the writer's error
+                        return
+                else:
+                    queue.put_nowait(item)
                 if not chunk:
                     break
             await delivering

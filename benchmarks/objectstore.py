@@ -369,6 +369,21 @@ def _met(met: bool | None) -> str:
 
 
 def print_report(report: dict[str, Any], results: list[Result], checks: list[Check], out: TextIO) -> None:
+    if results:
+        _print_results(report, results, out)
+    _print_ceiling(report, out)
+    if results:
+        _print_targets(checks, out)
+    machine, load = report["machine"], report["load_average"]
+    print(
+        f"\nmachine: {machine['cpu']}, {machine['nproc']} CPUs, {machine['memory']}, Linux "
+        f"{machine['kernel']}, Python {machine['python']}; load average {load['start']:.2f} at the "
+        f"start, {load['end']:.2f} at the end",
+        file=out,
+    )
+
+
+def _print_results(report: dict[str, Any], results: list[Result], out: TextIO) -> None:
     config = report["config"]
     print(
         f"\n{config['backend']} on {report['server']} through netshape: {config['rate_mib']:g} MiB/s per "
@@ -425,7 +440,10 @@ def print_report(report: dict[str, Any], results: list[Result], checks: list[Che
         f"connections used, counted as at least {LINE_CONNECTIONS[0]} and at most {LINE_CONNECTIONS[1]}",
         file=out,
     )
-    ceiling = report.get("ceiling")
+
+
+def _print_ceiling(report: dict[str, Any], out: TextIO) -> None:
+    config, ceiling = report["config"], report.get("ceiling")
     if ceiling and "error" not in ceiling:
         print(
             f"\n{report['server']} unshaped ceiling (boto3, {config['size_mib']} MiB, 8 in flight, "
@@ -434,6 +452,9 @@ def print_report(report: dict[str, Any], results: list[Result], checks: list[Che
             f"{ceiling['complete_s'] * 1000:.0f} ms, ranged GET {ceiling['download_mib_s']:.0f} MiB/s",
             file=out,
         )
+
+
+def _print_targets(checks: list[Check], out: TextIO) -> None:
     print("\ntargets (issue 12)", file=out)
     compare._table(
         [[c.name, c.value, c.threshold, _met(c.met)] for c in checks],
@@ -442,13 +463,6 @@ def print_report(report: dict[str, Any], results: list[Result], checks: list[Che
     )
     failed = [c for c in checks if c.met is False]
     print(f"\n{len(failed)} target(s) not met", file=out)
-    machine, load = report["machine"], report["load_average"]
-    print(
-        f"\nmachine: {machine['cpu']}, {machine['nproc']} CPUs, {machine['memory']}, Linux "
-        f"{machine['kernel']}, Python {machine['python']}; load average {load['start']:.2f} at the "
-        f"start, {load['end']:.2f} at the end",
-        file=out,
-    )
 
 
 # ---------------------------------------------------------------------------------------------
