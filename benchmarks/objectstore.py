@@ -9,7 +9,7 @@ reference SDK, peak RSS, requests per operation, the most connections open at on
     python benchmarks/objectstore.py --install-server --install-reference     # 256 MiB, 3 runs
     python benchmarks/objectstore.py --backend gcs                            # our figures only
 
-The S3 server is s3rver (``benchmarks/s3server``, installed by ``--install-server``); ``--server
+The S3 server is s3rver (``benchmarks/s3rver``, installed by ``--install-server``); ``--server
 moto`` uses the test suite's moto instead (whose ranged GETs re-read the whole object).
 ``benchmarks/README.md`` ("Object stores on a shaped network") explains the figures.
 """
@@ -483,9 +483,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--server", choices=("s3rver", "moto"), default="s3rver", help="S3 server (default s3rver)"
     )
-    parser.add_argument(
-        "--install-server", action="store_true", help="npm ci in benchmarks/s3server if needed"
-    )
+    parser.add_argument("--install-server", action="store_true", help="npm ci in benchmarks/s3rver if needed")
     parser.add_argument("--install-reference", action="store_true", help="create benchmarks/.venv-reference")
     parser.add_argument("--no-ceiling", action="store_true", help="skip the server's unshaped ceiling")
     parser.add_argument("--ceiling-only", action="store_true", help="only the server's unshaped ceiling")

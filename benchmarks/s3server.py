@@ -1,11 +1,11 @@
 """The S3 servers ``objectstore.py`` measures against: s3rver (default) or the test suite's moto.
 
-s3rver (npm, ``benchmarks/s3server/package.json``) stores each object as a file and streams a
+s3rver (npm, ``benchmarks/s3rver/package.json``) stores each object as a file and streams a
 ranged GET from it, so a range costs what it transfers; ``serve.js`` adds the If-Match check on
 GET that s3rver lacks. moto stays for the test suite, where correctness matters and speed does
 not: it re-reads the whole object for every ranged GET.
 
-``install_s3rver()`` runs ``npm ci`` in ``benchmarks/s3server`` (only the benchmark needs it).
+``install_s3rver()`` runs ``npm ci`` in ``benchmarks/s3rver`` (only the benchmark needs it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-S3RVER_DIR = HERE / "s3server"
+S3RVER_DIR = HERE / "s3rver"
 S3RVER_BIN = S3RVER_DIR / "node_modules" / "s3rver"
 S3RVER_KEY = "S3RVER"  # s3rver's built-in account
 REGION = "us-east-1"
@@ -79,7 +79,7 @@ def s3rver_installed() -> bool:
 
 
 def install_s3rver() -> None:
-    """``npm ci`` from ``benchmarks/s3server/package-lock.json``."""
+    """``npm ci`` from ``benchmarks/s3rver/package-lock.json``."""
     npm = shutil.which("npm")
     if npm is None:
         raise ServerError("npm is not on PATH: install Node.js (Debian: apt-get install nodejs npm)")
