@@ -25,6 +25,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import io
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -459,7 +460,7 @@ class _Range:
     consumed: int = 0
 
 
-class ParallelReader:
+class ParallelReader(io.RawIOBase):
     """An object read by up to ``max_concurrency`` ranged GETs in flight, handed out in order.
 
     Wrap it in :class:`~flyte_checkpoint.storage.base.VerifyingReader`: it reads like a plain
@@ -471,6 +472,7 @@ class ParallelReader:
     def __init__(
         self, source: RangeSource, info: ObjectInfo, first: RangeBody, settings: TransferSettings
     ) -> None:
+        super().__init__()
         self.info = info
         self._source = source
         self._policy = settings.policy()
@@ -478,7 +480,6 @@ class ParallelReader:
         self._deadline = _Deadline(source.uri, "loading", settings.transfer_timeout)
         self._ranges: collections.deque[_Range] = collections.deque()
         self._next_start = 0
-        self._closed = False
         slots = min(settings.max_concurrency, max(1, -(-info.size // self._range_size)))
         for index in range(slots):
             length = min(self._range_size, info.size - self._next_start)
@@ -552,32 +553,11 @@ class ParallelReader:
         if self._next_start < self.info.size:
             self._schedule(head.storage)
 
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            chunks = []
-            while chunk := self.read(1 << 20):
-                chunks.append(chunk)
-            return b"".join(chunks)
-        out = bytearray(size)
-        count = self.readinto(out)
-        del out[count:]
-        return bytes(out)
-
     def readable(self) -> bool:
         return True
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         """Cancel the ranges still in flight (their connections are closed, not reused)."""
-        self._closed = True
         while self._ranges:
             self._ranges.popleft().future.cancel()
-
-    def __enter__(self) -> ParallelReader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        super().close()

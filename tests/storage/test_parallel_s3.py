@@ -149,6 +149,7 @@ def recorded_requests(bucket: Bucket) -> Iterator[list[SentRequest]]:
         }
         sent.append(SentRequest(event_name.rsplit(".", 1)[-1], headers))
 
+    sync(bucket.fs.loop, bucket.fs.set_session)
     client = sync(bucket.fs.loop, bucket.fs.get_s3, bucket.name)
     client.meta.events.register("before-send.s3", record)
     try:
