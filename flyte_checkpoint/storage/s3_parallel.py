@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
-from flyte_checkpoint.storage.base import ObjectInfo
+from flyte_checkpoint.storage.base import DIGEST_KEY, SIZE_KEY, ObjectInfo
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
     ParallelReader,
@@ -237,12 +237,32 @@ def open_s3_writer(
     metadata: Mapping[str, str],
     settings: TransferSettings,
     *,
-    expected_size: int | None = None,
+    declared_digest: str | None = None,
+    declared_size: int | None = None,
 ) -> ParallelWriter:
-    """An atomic, parallel upload to ``uri`` through ``fs`` (an ``s3fs.S3FileSystem``)."""
+    """An atomic, parallel upload to ``uri`` through ``fs`` (an ``s3fs.S3FileSystem``).
+
+    The arguments after ``settings`` are :meth:`Backend.open_write`'s: a declared digest and
+    size travel with the object from the start (S3 takes metadata when an upload begins) and the
+    commit refuses content that differs from them.
+    """
     if settings.part_size < MIN_PART_SIZE:
         settings = settings.model_copy(update={"part_size": MIN_PART_SIZE})
-    return ParallelWriter(S3Object(fs, uri), metadata, settings, expected_size=expected_size)
+    at_start = dict(metadata)
+    if declared_digest is not None and declared_size is not None:
+        at_start.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
+    writer = ParallelWriter(S3Object(fs, uri), at_start, settings, expected_size=declared_size)
+    writer.declare(declared_digest, declared_size)
+    return writer
+
+
+def pool_options(settings: TransferSettings) -> dict[str, Any]:
+    """s3fs options that give its client a connection for every request in flight.
+
+    botocore's pool holds 10 connections by default; more concurrent parts would queue for one.
+    Merge these into the options the ``S3FileSystem`` is built with.
+    """
+    return {"config_kwargs": {"max_pool_connections": max(10, settings.max_concurrency + 2)}}
 
 
 def open_s3_reader(fs: Any, uri: str, settings: TransferSettings) -> ParallelReader | None:

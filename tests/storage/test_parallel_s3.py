@@ -18,7 +18,7 @@ import pytest
 from fsspec.asyn import sync
 
 from flyte_checkpoint.errors import CheckpointPermissionError, CheckpointTimeoutError
-from flyte_checkpoint.storage.base import DIGEST_KEY, FORMAT_KEY, SIZE_KEY, ObjectInfo, VerifyingReader
+from flyte_checkpoint.storage.base import FORMAT_KEY, ObjectInfo, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
@@ -66,11 +66,9 @@ def save(bucket: Bucket, key: str, data: bytes, *, declared: bool = True, chunk:
         bucket.uri(key),
         {FORMAT_KEY: "payload"},
         SETTINGS,
-        expected_size=len(data) if declared else None,
+        declared_digest=digest_of(data) if declared else None,
+        declared_size=len(data) if declared else None,
     )
-    if declared:
-        writer.declare(digest_of(data), len(data))
-        writer.metadata.update({DIGEST_KEY: digest_of(data), SIZE_KEY: str(len(data))})
     with writer:
         for start in range(0, len(data), chunk):
             writer.write(data[start : start + chunk])
