@@ -181,17 +181,10 @@ def test_ranges_after_the_first_are_pinned_to_its_etag(bucket: Bucket) -> None:
 
 
 @dataclass
-class FaultyTarget:
-    """The real S3 upload target, with faults a real server cannot be made to produce on cue."""
+class Wrapped:
+    """The real S3 object, seen through a test's fault injection."""
 
     real: S3Object
-    fail_part: int | None = None
-    error: BaseException = field(default_factory=lambda: PermissionError("injected"))
-    times: int = 1_000_000
-    hold_part_until_done: tuple[int, int] | None = None
-    attempts: dict[int, int] = field(default_factory=dict)
-    finished: list[int] = field(default_factory=list)
-    _done: dict[int, asyncio.Event] = field(default_factory=dict)
 
     @property
     def uri(self) -> str:
@@ -200,6 +193,19 @@ class FaultyTarget:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self.real.loop
+
+
+@dataclass
+class FaultyTarget(Wrapped):
+    """The real S3 upload target, with faults a real server cannot be made to produce on cue."""
+
+    fail_part: int | None = None
+    error: BaseException = field(default_factory=lambda: PermissionError("injected"))
+    times: int = 1_000_000
+    hold_part_until_done: tuple[int, int] | None = None
+    attempts: dict[int, int] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
+    _done: dict[int, asyncio.Event] = field(default_factory=dict)
 
     @property
     def max_parts(self) -> int:
@@ -321,17 +327,10 @@ class BreakingBody:
 
 
 @dataclass
-class BreakingSource:
-    real: S3Object
+class BreakingSource(Wrapped):
+    """The real S3 object, whose first response body breaks off after 1000 bytes."""
+
     ranges_asked: list[int] = field(default_factory=list)
-
-    @property
-    def uri(self) -> str:
-        return self.real.uri
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self.real.loop
 
     async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:
         opened = await self.real.open(length)
