@@ -265,6 +265,9 @@ class ParallelWriter(ObjectWriter):
     ) -> None:
         super().__init__(target.uri)
         self.metadata.update(metadata)
+        # What a multipart upload starts with: fixed now, as the commit adds to self.metadata
+        # while the first part may still be starting the upload on the loop.
+        self._metadata_at_start = dict(metadata)
         self._target = target
         self._settings = settings
         self._policy = settings.policy()
@@ -392,7 +395,7 @@ class ParallelWriter(ObjectWriter):
         if self._created is None:
             describe = f"starting the upload of {self.uri}"
             self._created = asyncio.ensure_future(
-                _with_retries(self._policy, describe, lambda: self._target.create(dict(self.metadata)))
+                _with_retries(self._policy, describe, lambda: self._target.create(self._metadata_at_start))
             )
         upload_id = await asyncio.shield(self._created)
         if self._sweep is None:
@@ -439,8 +442,8 @@ class ParallelWriter(ObjectWriter):
             return  # no upload was started: nothing exists to clean up
         try:
             upload_id = await self._created
-        except BaseException:
-            return
+        except Exception:
+            return  # it never started
         await _with_retries(
             self._policy, f"aborting the upload of {self.uri}", lambda: self._target.abort(upload_id)
         )
