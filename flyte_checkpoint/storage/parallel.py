@@ -1,0 +1,566 @@
+"""Parallel transfers to object stores: N upload parts or N ranged reads in flight at once.
+
+Store-agnostic. A store adapter (see ``s3_parallel.py``) supplies a few coroutines through
+:class:`UploadTarget` and :class:`RangeSource`; this module runs them on the store client's own
+event loop (fsspec's loop thread for s3fs, gcsfs and adlfs) with
+``asyncio.run_coroutine_threadsafe``, so the caller's thread only copies bytes and blocks when
+the pool is full.
+
+Memory is a function of the settings, not of the object: an upload holds at most
+``max_concurrency + 1`` buffers of ``part_size`` (one being filled, the rest in flight), a
+download ``max_concurrency`` buffers of ``part_size`` (see :func:`transfer_memory`). Buffers are
+allocated once per transfer and reused; parts go out as memoryviews of them.
+
+Atomicity: an upload becomes visible only when the store completes it (S3:
+CompleteMultipartUpload, or the single PutObject of an object smaller than one part), which
+happens in :meth:`ParallelWriter.commit` after every part succeeded. Any failure, abort or
+``KeyboardInterrupt`` cancels the parts in flight and aborts the upload; the previous object
+stays. A download is pinned to the version its first response described: a replacement that
+lands meanwhile fails the load (:class:`ObjectReplacedError`) instead of mixing versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import io
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flyte_checkpoint.errors import CheckpointStorageError, CheckpointTimeoutError, CheckpointUnavailableError
+from flyte_checkpoint.storage.base import ObjectInfo, ObjectWriter
+from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
+from flyte_checkpoint.storage.retry import RetryPolicy
+from flyte_checkpoint.uris import scheme_of
+
+logger = logging.getLogger("flyte_checkpoint")
+
+T = TypeVar("T")
+_Future = concurrent.futures.Future
+
+_MiB = 1 << 20
+_PART_GROWTH = 1024
+"""An upload of unknown length makes each part at least 1/1024 of what was written before it, so
+an object of any size the store accepts fits in its part limit (S3: 5 TiB in 10,000 parts)."""
+
+
+class TransferSettings(BaseModel):
+    """How parallel a transfer is, and so how much memory it holds (:func:`transfer_memory`).
+
+    Read from ``storage_options`` by :meth:`from_storage_options`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    max_concurrency: int = Field(default=8, ge=1, le=64)
+    """Upload parts or download ranges in flight at once (storage option ``max_concurrency``)."""
+    part_size: int = Field(default=8 * _MiB, ge=_MiB)
+    """Bytes per upload part and per download range (storage option ``part_size``). Uploads of
+    more than ``part_size`` times the store's part limit use larger parts, and fewer of them in flight."""
+    part_attempts: int = Field(default=4, ge=1)
+    """Tries per part or range request (each also retried by the client library itself)."""
+    transfer_timeout: float | None = Field(default=None, gt=0)
+    """Seconds a whole save or load may take before it is abandoned (and an upload aborted);
+    ``None``: bounded only by the per-request timeouts and retries (storage option
+    ``transfer_timeout``)."""
+    stale_upload_age: float = Field(default=3600.0, ge=0)
+    """Incomplete uploads to the same destination older than this many seconds are aborted by
+    the next large save: they were left by a killed save (storage option ``stale_upload_age``)."""
+
+    OPTIONS: ClassVar[tuple[str, ...]] = (
+        "part_size",
+        "part_attempts",
+        "transfer_timeout",
+        "stale_upload_age",
+    )
+    """Storage options that belong to this module alone (``max_concurrency`` is also s3fs's and
+    adlfs's name for the same thing, so it is read but left for them)."""
+
+    @classmethod
+    def from_storage_options(cls, options: Mapping[str, Any]) -> tuple[TransferSettings, dict[str, Any]]:
+        """The settings found in ``options``, and ``options`` without the keys only this module reads."""
+        rest = dict(options)
+        given = {key: rest.pop(key) for key in cls.OPTIONS if key in rest}
+        if "max_concurrency" in rest:
+            given["max_concurrency"] = rest["max_concurrency"]
+        return cls.model_validate(given), rest
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(attempts=self.part_attempts)
+
+
+def transfer_memory(settings: TransferSettings) -> int:
+    """Bytes of buffers one save or load holds at most: ``(max_concurrency + 1) * part_size``.
+
+    An upload fills one buffer while the others are in flight; a download uses one fewer. The
+    process adds its own baseline (interpreter, client libraries) and the HTTP library's socket
+    buffers, about 0.5 MiB per connection.
+    """
+    return (settings.max_concurrency + 1) * settings.part_size
+
+
+def part_size_for(settings: TransferSettings, max_parts: int, expected: int | None, sent: int) -> int:
+    """The part size for an upload of ``expected`` bytes (``None``: unknown, ``sent`` so far)."""
+    wanted = -(-expected // max_parts) if expected is not None else sent // _PART_GROWTH
+    return max(settings.part_size, -(-wanted // _MiB) * _MiB)
+
+
+class ObjectReplacedError(CheckpointUnavailableError):
+    """The object was replaced while it was being read; loading again reads the new one whole."""
+
+
+# -- the store's side -------------------------------------------------------------------------
+
+
+class UploadTarget(Protocol):
+    """One destination object, as a store adapter uploads it (S3 multipart, Azure blocks...)."""
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the store client runs on."""
+
+    @property
+    def max_parts(self) -> int: ...
+
+    async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
+        """Store ``body`` as the whole object in one request."""
+
+    async def create(self, metadata: Mapping[str, str]) -> str:
+        """Start a multipart upload; return its id."""
+
+    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
+        """Send part ``number`` (1-based); return the receipt the completion needs (ETag)."""
+
+    async def complete(
+        self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
+    ) -> None:
+        """Publish the object from its parts, in order: the one atomic step."""
+
+    async def abort(self, upload_id: str) -> None:
+        """Discard the upload and its parts; absent is fine."""
+
+    async def sweep_stale(self, keep: str, older_than: float) -> int:
+        """Abort other uploads to this object started more than ``older_than`` s ago; their count."""
+
+
+class RangeBody(Protocol):
+    """A response body being received (aiobotocore's ``StreamingBody`` is one)."""
+
+    async def readinto(self, b: memoryview, /) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
+class RangeSource(Protocol):
+    """One stored object, as a store adapter reads it by ranges."""
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:
+        """GET the first ``length`` bytes; ``info`` describes the whole object (its size, version
+        and metadata); ``None`` when there is no object."""
+
+    async def get_range(self, start: int, length: int, version: str | None) -> RangeBody:
+        """GET ``length`` bytes from ``start`` of the object as it was at ``version``; raise
+        :class:`ObjectReplacedError` when it has been replaced since."""
+
+
+# -- running coroutines on the store's loop ---------------------------------------------------
+
+
+class _Deadline:
+    """The moment a transfer must be finished by (or never), and blocking waits bounded by it."""
+
+    def __init__(self, uri: str, action: str, seconds: float | None) -> None:
+        self._uri = uri
+        self._action = action
+        self._seconds = seconds
+        self._at = None if seconds is None else time.monotonic() + seconds
+
+    def remaining(self) -> float | None:
+        return None if self._at is None else max(0.0, self._at - time.monotonic())
+
+    def expired(self) -> CheckpointTimeoutError:
+        return CheckpointTimeoutError(
+            f"{self._action} {self._uri} did not finish within its transfer_timeout of "
+            f"{self._seconds} s; raise the storage option transfer_timeout or check the network"
+        )
+
+    def wait_any(
+        self, futures: Sequence[concurrent.futures.Future[Any]]
+    ) -> set[concurrent.futures.Future[Any]]:
+        """Block until one of ``futures`` is done (interruptible by Ctrl-C); return the done ones."""
+        done, _ = concurrent.futures.wait(
+            futures, timeout=self.remaining(), return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        if not done:
+            raise self.expired()
+        return done
+
+    def result(self, future: concurrent.futures.Future[T]) -> T:
+        try:
+            return future.result(timeout=self.remaining())
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise self.expired() from None
+
+
+def _submit(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    return asyncio.run_coroutine_threadsafe(coro, loop)
+
+
+async def _with_retries(policy: RetryPolicy, describe: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``, retried on transient failures within ``policy``'s budget."""
+    for tries in range(1, policy.attempts + 1):
+        try:
+            return await attempt()
+        except ObjectReplacedError:
+            raise  # another try reads the same replacement: only a new load helps
+        except Exception as exc:
+            if classify(exc) != "transient" or tries == policy.attempts:
+                if hasattr(exc, "add_note"):  # Python 3.11+
+                    exc.add_note(f"{describe}: gave up after {tries} attempt(s)")
+                raise
+            wait = policy.delay(tries)
+            logger.debug("%s failed (%s); retry %d in %.2f s", describe, exc, tries, wait)
+            await asyncio.sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# -- uploads ----------------------------------------------------------------------------------
+
+
+class ParallelWriter(ObjectWriter):
+    """An upload with up to ``max_concurrency`` parts in flight, published only by :meth:`commit`.
+
+    ``write()`` copies the caller's bytes once, into the buffer being filled; a full buffer
+    becomes the next part and goes out at once while the caller fills another. With every
+    buffer in flight, ``write()`` blocks until a part finishes (in any order). A failed part is
+    retried on its own (``part_attempts``); one that still fails aborts the whole upload, and
+    the next ``write()`` or the commit raises its error. Fewer bytes than one part are sent as
+    one PUT at commit, with the final metadata (digest and size included).
+    """
+
+    def __init__(
+        self,
+        target: UploadTarget,
+        metadata: Mapping[str, str],
+        settings: TransferSettings,
+        *,
+        expected_size: int | None = None,
+    ) -> None:
+        super().__init__(target.uri)
+        self.metadata.update(metadata)
+        # What a multipart upload starts with: fixed now, as the commit adds to self.metadata
+        # while the first part may still be starting the upload on the loop.
+        self._metadata_at_start = dict(metadata)
+        self._target = target
+        self._settings = settings
+        self._policy = settings.policy()
+        self._expected = expected_size
+        self._deadline = _Deadline(target.uri, "saving", settings.transfer_timeout)
+        self._part_size = part_size_for(settings, target.max_parts, expected_size, 0)
+        # Larger parts (huge uploads) keep the memory of the configured ones: fewer in flight.
+        self._budget = transfer_memory(settings)
+        self._free: list[bytearray] = []
+        self._live = 0
+        self._current: bytearray | None = None
+        self._filled = 0
+        self._next_part = 1
+        self._in_flight: dict[concurrent.futures.Future[str], tuple[int, bytearray]] = {}
+        self._receipts: dict[int, str] = {}
+        # Touched only on the store's loop:
+        self._created: asyncio.Task[str] | None = None
+        self._sweep: asyncio.Task[int] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # caller's thread
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        with memoryview(data) as given, given.cast("B") as view:
+            offset = 0
+            while offset < len(view):
+                if self._current is None:
+                    self._current = self._take_buffer()
+                elif self._filled == len(self._current):
+                    # Sent only once more data proves it is not the last: then a whole
+                    # object smaller than a part is one PUT at commit.
+                    self._send_current()
+                    continue
+                count = min(len(view) - offset, len(self._current) - self._filled)
+                self._current[self._filled : self._filled + count] = view[offset : offset + count]
+                self._filled += count
+                offset += count
+
+    def _buffers_allowed(self) -> int:
+        return max(2, min(self._settings.max_concurrency + 1, self._budget // self._part_size))
+
+    def _take_buffer(self) -> bytearray:
+        with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
+            return self._free_buffer()
+
+    def _free_buffer(self) -> bytearray:
+        self._raise_failed()
+        while True:
+            if self._free:
+                return self._free.pop()
+            if self._live < self._buffers_allowed():
+                self._live += 1
+                size = self._part_size
+                if self._expected is not None and self._next_part == 1:
+                    size = min(size, max(self._expected, 1))  # a small object needs no whole part
+                return bytearray(size)
+            self._harvest(self._deadline.wait_any(list(self._in_flight)))
+
+    def _harvest(self, done: set[concurrent.futures.Future[str]]) -> None:
+        """Collect finished parts: keep their receipts, take back their buffers, raise a failure."""
+        for future in done:
+            number, buffer = self._in_flight.pop(future)
+            if len(buffer) == self._part_size:
+                self._free.append(buffer)
+            else:
+                self._live -= 1  # outgrown (or the small first buffer): let it go
+            self._receipts[number] = future.result()  # raises the part's failure
+
+    def _raise_failed(self) -> None:
+        failed = {future for future in self._in_flight if future.done() and future.exception() is not None}
+        if failed:
+            self._harvest(failed)
+
+    def _send_current(self) -> None:
+        assert self._current is not None
+        number, buffer, length = self._next_part, self._current, self._filled
+        if number > self._target.max_parts:
+            raise CheckpointStorageError(
+                f"saving {self.uri} needs more than the store's {self._target.max_parts} parts; "
+                "declare the size up front or raise the storage option part_size"
+            )
+        self._next_part += 1
+        self._current, self._filled = None, 0
+        future = _submit(self._target.loop, self._send_part(number, memoryview(buffer)[:length]))
+        self._in_flight[future] = (number, buffer)
+        if self._expected is None:
+            self._part_size = part_size_for(self._settings, self._target.max_parts, None, self._size)
+
+    def _commit(self) -> None:
+        with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
+            if self._next_part == 1:
+                body = memoryview(self._current or b"")[: self._filled]
+                self._deadline.result(_submit(self._target.loop, self._put(body)))
+                return
+            if self._filled:
+                self._send_current()
+            while self._in_flight:
+                self._harvest(self._deadline.wait_any(list(self._in_flight)))
+            receipts = sorted(self._receipts.items())
+            self._deadline.result(_submit(self._target.loop, self._complete(receipts)))
+        self._release()
+
+    def _abort(self) -> None:
+        for future in self._in_flight:
+            future.cancel()
+        # Bounded even when the deadline has passed: the upload must not be left behind.
+        with contextlib.suppress(Exception):
+            _submit(self._target.loop, self._abort_upload()).result(timeout=60)
+        self._release()
+
+    def _release(self) -> None:
+        self._in_flight.clear()
+        self._free.clear()
+        self._current = None
+
+    # store's loop
+
+    def _track(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _upload_id(self) -> str:
+        if self._created is None:
+            describe = f"starting the upload of {self.uri}"
+            self._created = asyncio.ensure_future(
+                _with_retries(self._policy, describe, lambda: self._target.create(self._metadata_at_start))
+            )
+        upload_id = await asyncio.shield(self._created)
+        if self._sweep is None:
+            self._sweep = asyncio.ensure_future(self._sweep_stale(upload_id))
+        return upload_id
+
+    async def _sweep_stale(self, keep: str) -> int:
+        # A failure here (e.g. no permission to list uploads) must not fail the save.
+        try:
+            return await self._target.sweep_stale(keep, self._settings.stale_upload_age)
+        except Exception as exc:
+            logger.warning("could not look for stale uploads to %s: %s", self.uri, exc)
+            return 0
+
+    async def _send_part(self, number: int, body: memoryview) -> str:
+        self._track()
+        upload_id = await self._upload_id()
+        return await _with_retries(
+            self._policy,
+            f"uploading part {number} of {self.uri}",
+            lambda: self._target.upload_part(upload_id, number, body),
+        )
+
+    async def _put(self, body: memoryview) -> None:
+        await _with_retries(
+            self._policy, f"uploading {self.uri}", lambda: self._target.put(body, dict(self.metadata))
+        )
+
+    async def _complete(self, receipts: Sequence[tuple[int, str]]) -> None:
+        upload_id = await self._upload_id()
+        await _with_retries(
+            self._policy,
+            f"completing the upload of {self.uri}",
+            lambda: self._target.complete(upload_id, receipts, dict(self.metadata)),
+        )
+        if self._sweep is not None:
+            await self._sweep
+
+    async def _abort_upload(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._created is None:
+            return  # no upload was started: nothing exists to clean up
+        try:
+            upload_id = await self._created
+        except Exception:
+            return  # it never started
+        await _with_retries(
+            self._policy, f"aborting the upload of {self.uri}", lambda: self._target.abort(upload_id)
+        )
+        if self._sweep is not None:
+            await self._sweep
+
+
+# -- downloads --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Range:
+    storage: bytearray
+    """The reusable buffer; :attr:`buffer` is the part of it this range fills."""
+    buffer: memoryview
+    future: concurrent.futures.Future[None]
+    consumed: int = 0
+
+
+class ParallelReader(io.RawIOBase):
+    """An object read by up to ``max_concurrency`` ranged GETs in flight, handed out in order.
+
+    Wrap it in :class:`~flyte_checkpoint.storage.base.VerifyingReader`: it reads like a plain
+    stream from the start to the end. Every range after the first is pinned to the version the
+    first response reported; a range that fails is retried on its own; memory stays at
+    ``max_concurrency`` buffers of ``part_size``, each reused for the range after the next ones.
+    """
+
+    def __init__(
+        self, source: RangeSource, info: ObjectInfo, first: RangeBody, settings: TransferSettings
+    ) -> None:
+        super().__init__()
+        self.info = info
+        self._source = source
+        self._policy = settings.policy()
+        self._range_size = settings.part_size
+        self._deadline = _Deadline(source.uri, "loading", settings.transfer_timeout)
+        self._ranges: collections.deque[_Range] = collections.deque()
+        self._next_start = 0
+        slots = min(settings.max_concurrency, max(1, -(-info.size // self._range_size)))
+        for index in range(slots):
+            length = min(self._range_size, info.size - self._next_start)
+            if index and length <= 0:
+                break
+            self._schedule(bytearray(max(length, 0)), first if index == 0 else None)
+
+    @classmethod
+    def open(cls, source: RangeSource, settings: TransferSettings) -> ParallelReader | None:
+        """Send the first GET and start the others; ``None`` when there is no object."""
+        deadline = _Deadline(source.uri, "loading", settings.transfer_timeout)
+        opened = deadline.result(_submit(source.loop, source.open(settings.part_size)))
+        if opened is None:
+            return None
+        info, first = opened
+        return cls(source, info, first, settings)
+
+    def _schedule(self, storage: bytearray, first: RangeBody | None = None) -> None:
+        start = self._next_start
+        view = memoryview(storage)[: min(len(storage), self.info.size - start)]
+        self._next_start += len(view)
+        future = _submit(self._source.loop, self._fill(start, view, first))
+        self._ranges.append(_Range(storage, view, future))
+
+    async def _fill(self, start: int, into: memoryview, body: RangeBody | None) -> None:
+        """Fill ``into`` with the bytes from ``start``; a body cut off resumes where it stopped."""
+        filled = 0
+        version = self.info.version
+        describe = f"reading bytes {start}-{start + len(into) - 1} of {self.info.uri}"
+
+        async def attempt() -> None:
+            nonlocal body, filled
+            try:
+                while filled < len(into):
+                    if body is None:
+                        body = await self._source.get_range(start + filled, len(into) - filled, version)
+                    count = await body.readinto(into[filled:])
+                    if not count:
+                        raise ConnectionResetError(f"the response ended {len(into) - filled} bytes early")
+                    filled += count
+            finally:
+                # A retry resumes with a new GET from where this one stopped.
+                done, body = body, None
+                if done is not None:
+                    with contextlib.suppress(Exception):
+                        await done.aclose()
+
+        await _with_retries(self._policy, describe, attempt)
+
+    def readinto(self, buffer: Any) -> int:
+        with memoryview(buffer) as given, given.cast("B") as target:
+            while self._ranges:
+                head = self._ranges[0]
+                self._deadline.result(head.future)
+                available = len(head.buffer) - head.consumed
+                if available and len(target):
+                    count = min(len(target), available)
+                    target[:count] = head.buffer[head.consumed : head.consumed + count]
+                    head.consumed += count
+                    if head.consumed == len(head.buffer):
+                        self._recycle()
+                    return count
+                if not len(target):
+                    return 0
+                self._recycle()
+            return 0
+
+    def _recycle(self) -> None:
+        """The head range was handed out: its buffer fetches the next range not yet asked for."""
+        head = self._ranges.popleft()
+        if self._next_start < self.info.size:
+            self._schedule(head.storage)
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Cancel the ranges still in flight (their connections are closed, not reused)."""
+        while self._ranges:
+            self._ranges.popleft().future.cancel()
+        super().close()

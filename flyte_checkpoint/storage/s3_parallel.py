@@ -1,0 +1,270 @@
+"""S3 for :mod:`~flyte_checkpoint.storage.parallel`, on the aiobotocore client s3fs holds.
+
+Requests go to the client directly, not through ``S3FileSystem._call_s3``: s3fs would retry
+each one ``fs.retries`` times on top of botocore's retries and of the per-part budget
+:mod:`parallel` keeps. The client still gets s3fs's request defaults (``s3_additional_kwargs``
+such as server-side encryption, requester pays) and its session handling.
+
+Part bodies go out as :class:`_PartBody`, a file-like view of the writer's buffer. Given bytes,
+aiohttp on Python < 3.12.9 joins the headers and the whole body into one new ``bytes`` and the
+event loop's transport copies what the socket does not take at once: two more copies of every
+part. A file-like body is sent in 256 KiB reads, so a part in flight costs its buffer and one
+chunk. botocore adds ``Expect: 100-continue`` to every request with a file-like body, which
+costs a round trip per part before any byte is sent: the handler is removed from the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import weakref
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any, cast
+
+from flyte_checkpoint.storage.base import DIGEST_KEY, SIZE_KEY, ObjectInfo
+from flyte_checkpoint.storage.parallel import (
+    ObjectReplacedError,
+    ParallelReader,
+    ParallelWriter,
+    RangeBody,
+    TransferSettings,
+)
+from flyte_checkpoint.storage.remote import _s3_object_info
+
+MIN_PART_SIZE = 5 << 20
+"""S3 refuses parts below 5 MiB, except the last."""
+MAX_PARTS = 10_000
+_CONTENT_RANGE = re.compile(r"bytes \d+-\d+/(\d+)")
+_without_expect: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _no_expect_continue(client: Any) -> None:
+    """Stop ``client`` from sending ``Expect: 100-continue`` (one round trip per upload request)."""
+    if client in _without_expect:
+        return
+    from botocore.handlers import add_expect_header
+
+    client.meta.events.unregister("before-call.s3", add_expect_header)
+    _without_expect.add(client)
+
+
+class _PartBody(io.RawIOBase):
+    """A read-only, seekable file over a memoryview: what botocore and aiohttp stream from."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._position = 0
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        with memoryview(buffer) as target:
+            count = min(len(target), len(self._view) - self._position)
+            target[:count] = self._view[self._position : self._position + count]
+        self._position += max(count, 0)
+        return max(count, 0)
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._position + size)
+        chunk = bytes(self._view[self._position : end])
+        self._position = max(self._position, end)
+        return chunk
+
+    def close(self) -> None:
+        # aiohttp closes a payload's file when the request ends; a retry still needs it.
+        pass
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status else None
+    return None
+
+
+def _code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+class S3Object:
+    """One S3 key, as :class:`ParallelWriter` uploads it and :class:`ParallelReader` reads it."""
+
+    def __init__(self, fs: Any, uri: str) -> None:
+        self._fs = fs
+        self.uri = uri
+        self._bucket, self._key, self._version_id = fs.split_path(uri)
+        self.max_parts = MAX_PARTS
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return cast(asyncio.AbstractEventLoop, self._fs.loop)
+
+    async def _call(self, operation: str, **params: Any) -> Any:
+        fs = self._fs
+        await fs.set_session()
+        client = await fs.get_s3(self._bucket)
+        _no_expect_continue(client)
+        method = getattr(client, operation)
+        return await method(**fs._get_s3_method_kwargs(method, Bucket=self._bucket, Key=self._key, **params))
+
+    # uploads
+
+    async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
+        # One PutObject publishes the object atomically.
+        await self._call("put_object", Body=_PartBody(body), Metadata=dict(metadata))
+
+    async def create(self, metadata: Mapping[str, str]) -> str:
+        response = await self._call("create_multipart_upload", Metadata=dict(metadata))
+        return str(response["UploadId"])
+
+    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
+        response = await self._call(
+            "upload_part", UploadId=upload_id, PartNumber=number, Body=_PartBody(body)
+        )
+        return str(response["ETag"])
+
+    async def complete(
+        self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
+    ) -> None:
+        # The metadata was given when the upload started; S3 cannot change it here.
+        parts = [{"PartNumber": number, "ETag": etag} for number, etag in receipts]
+        await self._call("complete_multipart_upload", UploadId=upload_id, MultipartUpload={"Parts": parts})
+
+    async def abort(self, upload_id: str) -> None:
+        try:
+            await self._call("abort_multipart_upload", UploadId=upload_id)
+        except Exception as exc:
+            if _code(exc) != "NoSuchUpload":
+                raise
+
+    async def sweep_stale(self, keep: str, older_than: float) -> int:
+        """Abort the incomplete uploads to this key that killed saves left (not ``keep``)."""
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than)
+        stale: list[str] = []
+        markers: dict[str, str] = {}
+        while True:
+            fs = self._fs
+            await fs.set_session()
+            client = await fs.get_s3(self._bucket)
+            page = await client.list_multipart_uploads(Bucket=self._bucket, Prefix=self._key, **markers)
+            for upload in page.get("Uploads", []):
+                initiated = upload.get("Initiated")
+                if (
+                    upload.get("Key") == self._key
+                    and upload.get("UploadId") != keep
+                    and isinstance(initiated, datetime)
+                    and initiated <= cutoff
+                ):
+                    stale.append(str(upload["UploadId"]))
+            if not page.get("IsTruncated"):
+                break
+            markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+        for upload_id in stale:
+            await self.abort(upload_id)
+        return len(stale)
+
+    # downloads
+
+    def _pinned(self, version: str | None) -> dict[str, str]:
+        pinned = {"IfMatch": version} if version else {}
+        if self._version_id:
+            pinned["VersionId"] = self._version_id
+        return pinned
+
+    async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:
+        pinned = self._pinned(None)
+        try:
+            response = await self._call("get_object", Range=f"bytes=0-{length - 1}", **pinned)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            if _code(exc) in ("NoSuchKey", "NoSuchBucket"):
+                return None
+            if _status(exc) != 416:
+                raise
+            # An empty object has no byte 0 to ask for.
+            response = await self._call("get_object", **pinned)
+        info = _s3_object_info(self.uri, response)
+        found = _CONTENT_RANGE.fullmatch(str(response.get("ContentRange") or ""))
+        if found is not None:
+            info = info.model_copy(update={"size": int(found.group(1))})
+        elif info.size > length:
+            response["Body"].close()
+            raise ValueError(
+                f"the S3 server holding {self.uri} ignored a ranged GET; parallel loads need "
+                "Range support (every S3-compatible store has it)"
+            )
+        return info, cast(RangeBody, response["Body"])
+
+    async def get_range(self, start: int, length: int, version: str | None) -> RangeBody:
+        try:
+            response = await self._call(
+                "get_object", Range=f"bytes={start}-{start + length - 1}", **self._pinned(version)
+            )
+        except Exception as exc:
+            if _status(exc) == 412 or _code(exc) == "PreconditionFailed":
+                raise ObjectReplacedError(
+                    f"checkpoint {self.uri} was replaced while it was being read; load it again "
+                    "to read the new version"
+                ) from exc
+            raise
+        return cast(RangeBody, response["Body"])
+
+
+def open_s3_writer(
+    fs: Any,
+    uri: str,
+    metadata: Mapping[str, str],
+    settings: TransferSettings,
+    *,
+    declared_digest: str | None = None,
+    declared_size: int | None = None,
+) -> ParallelWriter:
+    """An atomic, parallel upload to ``uri`` through ``fs`` (an ``s3fs.S3FileSystem``).
+
+    The arguments after ``settings`` are :meth:`Backend.open_write`'s: a declared digest and
+    size travel with the object from the start (S3 takes metadata when an upload begins) and the
+    commit refuses content that differs from them.
+    """
+    if settings.part_size < MIN_PART_SIZE:
+        settings = settings.model_copy(update={"part_size": MIN_PART_SIZE})
+    at_start = dict(metadata)
+    if declared_digest is not None and declared_size is not None:
+        at_start.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
+    writer = ParallelWriter(S3Object(fs, uri), at_start, settings, expected_size=declared_size)
+    writer.declare(declared_digest, declared_size)
+    return writer
+
+
+def pool_options(settings: TransferSettings) -> dict[str, Any]:
+    """s3fs options that give its client a connection for every request in flight.
+
+    botocore's pool holds 10 connections by default; more concurrent parts would queue for one.
+    Merge these into the options the ``S3FileSystem`` is built with.
+    """
+    return {"config_kwargs": {"max_pool_connections": max(10, settings.max_concurrency + 2)}}
+
+
+def open_s3_reader(fs: Any, uri: str, settings: TransferSettings) -> ParallelReader | None:
+    """A parallel, in-order read of the object at ``uri``; ``None`` when there is none."""
+    return ParallelReader.open(S3Object(fs, uri), settings)

@@ -1,0 +1,471 @@
+"""Parallel S3 uploads and ranged loads against moto: atomic, ordered, pinned, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsspec.asyn import sync
+
+from flyte_checkpoint.errors import CheckpointPermissionError, CheckpointTimeoutError
+from flyte_checkpoint.storage.base import FORMAT_KEY, ObjectInfo, VerifyingReader
+from flyte_checkpoint.storage.digests import digest_of
+from flyte_checkpoint.storage.parallel import (
+    ObjectReplacedError,
+    ParallelReader,
+    ParallelWriter,
+    RangeBody,
+    TransferSettings,
+    transfer_memory,
+)
+from flyte_checkpoint.storage.remote import FsspecBackend
+from flyte_checkpoint.storage.s3_parallel import S3Object, open_s3_reader, open_s3_writer
+from tests.storage_servers import StorageServer, create_bucket
+
+PART = 5 << 20  # S3's smallest part: moto re-reads a whole object per ranged GET, so keep them few
+SETTINGS = TransferSettings(part_size=PART, max_concurrency=3, part_attempts=3)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Bucket:
+    name: str
+    fs: Any
+    server: StorageServer
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.name}/{key}"
+
+    def call(self, operation: str, **params: Any) -> Any:
+        return sync(self.fs.loop, self.fs._call_s3, operation, Bucket=self.name, **params)
+
+    def uploads(self, key: str) -> list[str]:
+        page = self.call("list_multipart_uploads", Prefix=key)
+        return [upload["UploadId"] for upload in page.get("Uploads", []) if upload["Key"] == key]
+
+
+@pytest.fixture
+def bucket(s3_server: StorageServer) -> Bucket:
+    backend = FsspecBackend("s3", s3_server.storage_options)
+    return Bucket(create_bucket(s3_server, "par"), backend.fs, s3_server)
+
+
+def save(bucket: Bucket, key: str, data: bytes, *, declared: bool = True, chunk: int = 1 << 20) -> None:
+    writer = open_s3_writer(
+        bucket.fs,
+        bucket.uri(key),
+        {FORMAT_KEY: "payload"},
+        SETTINGS,
+        declared_digest=digest_of(data) if declared else None,
+        declared_size=len(data) if declared else None,
+    )
+    with writer:
+        for start in range(0, len(data), chunk):
+            writer.write(data[start : start + chunk])
+
+
+def load(reader: ParallelReader | None, chunk: int = 300_000) -> tuple[bytes, VerifyingReader]:
+    assert reader is not None
+    verifying = VerifyingReader(reader, reader.info)  # type: ignore[arg-type]
+    out = bytearray()
+    buffer = bytearray(chunk)
+    with verifying:
+        while count := verifying.readinto(buffer):
+            out += buffer[:count]
+    return bytes(out), verifying
+
+
+def stored(bucket: Bucket, key: str) -> bytes:
+    return bytes(bucket.fs.cat_file(bucket.uri(key)))
+
+
+# -- round trips --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, PART - 1, PART, PART + 1, 3 * PART + 12345])
+def test_an_object_of_any_size_round_trips_with_its_digest_verified(bucket: Bucket, size: int) -> None:
+    data = os.urandom(size)
+    save(bucket, "obj", data)
+    got, verifying = load(open_s3_reader(bucket.fs, bucket.uri("obj"), SETTINGS))
+    assert got == data
+    assert verifying.verified
+    assert verifying.info.recorded_digest == digest_of(data)
+    assert verifying.info.size == size
+
+
+def test_an_upload_of_unknown_length_round_trips_in_parts(bucket: Bucket) -> None:
+    data = os.urandom(2 * PART + 1)
+    save(bucket, "stream", data, declared=False, chunk=65_536)
+    got, verifying = load(open_s3_reader(bucket.fs, bucket.uri("stream"), SETTINGS), chunk=1 << 20)
+    assert got == data
+    assert verifying.verified
+
+
+def test_an_object_smaller_than_a_part_is_one_put_that_records_its_digest(bucket: Bucket) -> None:
+    data = b"x" * 1000
+    with recorded_requests(bucket) as sent:
+        save(bucket, "small", data, declared=False)
+    assert [request.operation for request in sent] == ["PutObject"]
+    reader = open_s3_reader(bucket.fs, bucket.uri("small"), SETTINGS)
+    assert reader is not None
+    reader.close()
+    assert reader.info.recorded_digest == digest_of(data)
+
+
+def test_a_missing_object_opens_as_none(bucket: Bucket) -> None:
+    assert open_s3_reader(bucket.fs, bucket.uri("never-written"), SETTINGS) is None
+
+
+# -- requests on the wire ----------------------------------------------------------------------
+
+
+@dataclass
+class SentRequest:
+    operation: str
+    headers: Mapping[str, str]
+
+
+@contextlib.contextmanager
+def recorded_requests(bucket: Bucket) -> Iterator[list[SentRequest]]:
+    """Every request the client sends, with the headers it goes out with."""
+    sent: list[SentRequest] = []
+
+    def record(request: Any, event_name: str, **kwargs: Any) -> None:
+        headers = {
+            name: value.decode() if isinstance(value, bytes) else value
+            for name, value in request.headers.items()
+        }
+        sent.append(SentRequest(event_name.rsplit(".", 1)[-1], headers))
+
+    sync(bucket.fs.loop, bucket.fs.set_session)
+    client = sync(bucket.fs.loop, bucket.fs.get_s3, bucket.name)
+    client.meta.events.register("before-send.s3", record)
+    try:
+        yield sent
+    finally:
+        client.meta.events.unregister("before-send.s3", record)
+
+
+def test_uploads_send_no_expect_100_continue(bucket: Bucket) -> None:
+    with recorded_requests(bucket) as sent:
+        save(bucket, "big", os.urandom(PART + 1))
+        save(bucket, "small", b"small")
+    uploads = [request for request in sent if request.operation in ("PutObject", "UploadPart")]
+    assert [request.operation for request in uploads] == ["UploadPart", "UploadPart", "PutObject"]
+    assert all("Expect" not in request.headers for request in uploads)
+
+
+def test_ranges_after_the_first_are_pinned_to_its_etag(bucket: Bucket) -> None:
+    save(bucket, "pinned", os.urandom(2 * PART + 1))
+    with recorded_requests(bucket) as sent:
+        reader = open_s3_reader(bucket.fs, bucket.uri("pinned"), SETTINGS)
+        assert reader is not None
+        load(reader)
+    gets = [request.headers for request in sent if request.operation == "GetObject"]
+    assert len(gets) == 3
+    assert "If-Match" not in gets[0]
+    assert [headers["If-Match"] for headers in gets[1:]] == [reader.info.version] * 2
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Wrapped:
+    """The real S3 object, seen through a test's fault injection."""
+
+    real: S3Object
+
+    @property
+    def uri(self) -> str:
+        return self.real.uri
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self.real.loop
+
+
+@dataclass
+class FaultyTarget(Wrapped):
+    """The real S3 upload target, with faults a real server cannot be made to produce on cue."""
+
+    fail_part: int | None = None
+    error: BaseException = field(default_factory=lambda: PermissionError("injected"))
+    times: int = 1_000_000
+    hold_part_until_done: tuple[int, int] | None = None
+    attempts: dict[int, int] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
+    _done: dict[int, asyncio.Event] = field(default_factory=dict)
+
+    @property
+    def max_parts(self) -> int:
+        return self.real.max_parts
+
+    def _event(self, number: int) -> asyncio.Event:
+        return self._done.setdefault(number, asyncio.Event())
+
+    async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
+        await self.real.put(body, metadata)
+
+    async def create(self, metadata: Mapping[str, str]) -> str:
+        return await self.real.create(metadata)
+
+    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
+        self.attempts[number] = self.attempts.get(number, 0) + 1
+        if self.hold_part_until_done is not None and number == self.hold_part_until_done[0]:
+            await self._event(self.hold_part_until_done[1]).wait()
+        if number == self.fail_part and self.attempts[number] <= self.times:
+            raise self.error
+        receipt = await self.real.upload_part(upload_id, number, body)
+        self.finished.append(number)
+        self._event(number).set()
+        return receipt
+
+    async def complete(
+        self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
+    ) -> None:
+        await self.real.complete(upload_id, receipts, metadata)
+
+    async def abort(self, upload_id: str) -> None:
+        await self.real.abort(upload_id)
+
+    async def sweep_stale(self, keep: str, older_than: float) -> int:
+        return await self.real.sweep_stale(keep, older_than)
+
+
+def faulty_save(target: FaultyTarget, data: bytes, settings: TransferSettings = SETTINGS) -> None:
+    with ParallelWriter(target, {FORMAT_KEY: "payload"}, settings) as writer:
+        for start in range(0, len(data), 1 << 20):
+            writer.write(data[start : start + (1 << 20)])
+
+
+def test_a_failed_part_aborts_the_upload_and_keeps_the_old_object(bucket: Bucket) -> None:
+    save(bucket, "obj", b"old checkpoint")
+    target = FaultyTarget(S3Object(bucket.fs, bucket.uri("obj")), fail_part=2)
+    with pytest.raises(CheckpointPermissionError):
+        faulty_save(target, os.urandom(4 * PART))
+    assert stored(bucket, "obj") == b"old checkpoint"
+    assert bucket.uploads("obj") == []
+    assert target.attempts[2] == 1  # refused access is not retried
+
+
+def test_a_transient_part_failure_is_retried_on_its_own(bucket: Bucket) -> None:
+    error = ConnectionResetError("injected reset")
+    target = FaultyTarget(S3Object(bucket.fs, bucket.uri("obj")), fail_part=2, error=error, times=1)
+    data = os.urandom(3 * PART)
+    faulty_save(target, data)
+    assert stored(bucket, "obj") == data
+    assert target.attempts == {1: 1, 2: 2, 3: 1}
+
+
+def test_parts_that_finish_out_of_order_are_completed_in_order(bucket: Bucket) -> None:
+    target = FaultyTarget(S3Object(bucket.fs, bucket.uri("obj")), hold_part_until_done=(1, 3))
+    data = os.urandom(3 * PART + 1)
+    faulty_save(target, data)
+    assert target.finished.index(3) < target.finished.index(1)
+    assert stored(bucket, "obj") == data
+
+
+def test_an_interrupt_while_writing_aborts_the_upload(bucket: Bucket) -> None:
+    save(bucket, "obj", b"old checkpoint")
+    writer = open_s3_writer(bucket.fs, bucket.uri("obj"), {}, SETTINGS)
+
+    def interrupted_save() -> None:
+        with writer:
+            writer.write(os.urandom(2 * PART + 1))
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted_save()
+    assert stored(bucket, "obj") == b"old checkpoint"
+    assert bucket.uploads("obj") == []
+
+
+def test_an_upload_past_its_transfer_timeout_is_aborted(bucket: Bucket) -> None:
+    target = FaultyTarget(S3Object(bucket.fs, bucket.uri("obj")), hold_part_until_done=(1, 99))
+    settings = SETTINGS.model_copy(update={"transfer_timeout": 1.0})
+    with pytest.raises(CheckpointTimeoutError, match="transfer_timeout"):
+        faulty_save(target, os.urandom(2 * PART + 1), settings)
+    assert bucket.uploads("obj") == []
+
+
+def test_an_overwrite_during_a_load_fails_it_instead_of_mixing_versions(bucket: Bucket) -> None:
+    save(bucket, "obj", b"a" * (3 * PART))
+    one_at_a_time = SETTINGS.model_copy(update={"max_concurrency": 1})
+    reader = open_s3_reader(bucket.fs, bucket.uri("obj"), one_at_a_time)
+    save(bucket, "obj", b"b" * (3 * PART))
+    with pytest.raises(ObjectReplacedError, match="replaced while it was being read"):
+        load(reader)
+
+
+@dataclass
+class BreakingBody:
+    """A response body that breaks off after ``allowed`` bytes, as a dropped connection does."""
+
+    real: RangeBody
+    allowed: int
+
+    async def readinto(self, b: memoryview, /) -> int:
+        if self.allowed <= 0:
+            raise ConnectionResetError("injected: connection dropped mid-body")
+        count = await self.real.readinto(b[: self.allowed])
+        self.allowed -= count
+        return count
+
+    async def aclose(self) -> None:
+        await self.real.aclose()
+
+
+@dataclass
+class BreakingSource(Wrapped):
+    """The real S3 object, whose first response body breaks off after 1000 bytes."""
+
+    ranges_asked: list[int] = field(default_factory=list)
+
+    async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:
+        opened = await self.real.open(length)
+        assert opened is not None
+        return opened[0], BreakingBody(opened[1], allowed=1000)
+
+    async def get_range(self, start: int, length: int, version: str | None) -> RangeBody:
+        self.ranges_asked.append(start)
+        return await self.real.get_range(start, length, version)
+
+
+def test_a_range_cut_off_mid_body_resumes_where_it_stopped(bucket: Bucket) -> None:
+    data = os.urandom(PART + 7)
+    save(bucket, "obj", data)
+    source = BreakingSource(S3Object(bucket.fs, bucket.uri("obj")))
+    got, verifying = load(ParallelReader.open(source, SETTINGS))
+    assert got == data
+    assert verifying.verified
+    assert sorted(source.ranges_asked) == [1000, PART]
+
+
+# -- stale uploads ------------------------------------------------------------------------------
+
+
+def leftover_upload(bucket: Bucket, key: str) -> tuple[str, float]:
+    """An upload a killed save left behind, and its age in seconds as the server reports it.
+
+    (moto reports one fixed start time for every upload, years ago; the ages below are relative
+    to it, so the tests hold on a server with true times too.)
+    """
+    upload_id = bucket.call("create_multipart_upload", Key=key)["UploadId"]
+    listed = bucket.call("list_multipart_uploads", Prefix=key)["Uploads"]
+    initiated = next(upload["Initiated"] for upload in listed if upload["UploadId"] == upload_id)
+    return upload_id, (datetime.now(timezone.utc) - initiated).total_seconds()
+
+
+def save_in_parts(bucket: Bucket, key: str, settings: TransferSettings) -> None:
+    with open_s3_writer(bucket.fs, bucket.uri(key), {}, settings) as writer:
+        writer.write(os.urandom(PART + 1))
+
+
+def test_a_save_aborts_an_upload_older_than_the_stale_age(bucket: Bucket) -> None:
+    _, age = leftover_upload(bucket, "obj")
+    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": age - 3600}))
+    assert bucket.uploads("obj") == []
+
+
+def test_a_save_leaves_an_upload_younger_than_the_stale_age_alone(bucket: Bucket) -> None:
+    recent, age = leftover_upload(bucket, "obj")
+    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": age + 3600}))
+    assert bucket.uploads("obj") == [recent]
+    bucket.call("abort_multipart_upload", Key="obj", UploadId=recent)
+
+
+def test_a_save_leaves_uploads_to_other_keys_alone(bucket: Bucket) -> None:
+    other, age = leftover_upload(bucket, "obj-other")
+    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": age - 3600}))
+    assert bucket.uploads("obj-other") == [other]
+    bucket.call("abort_multipart_upload", Key="obj-other", UploadId=other)
+
+
+# -- settings -----------------------------------------------------------------------------------
+
+
+def test_settings_come_from_storage_options_and_leave_the_rest() -> None:
+    options = {"part_size": 16 << 20, "max_concurrency": 4, "endpoint_url": "http://x"}
+    settings, rest = TransferSettings.from_storage_options(options)
+    assert (settings.part_size, settings.max_concurrency) == (16 << 20, 4)
+    assert rest == {"max_concurrency": 4, "endpoint_url": "http://x"}
+    assert transfer_memory(settings) == 5 * (16 << 20)
+
+
+def test_a_nonsensical_setting_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_concurrency"):
+        TransferSettings.from_storage_options({"max_concurrency": 0})
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+_MEASURE = """
+import json, resource, sys
+from flyte_checkpoint.storage.base import VerifyingReader
+from flyte_checkpoint.storage.parallel import TransferSettings
+from flyte_checkpoint.storage.remote import FsspecBackend
+from flyte_checkpoint.storage.s3_parallel import open_s3_reader, open_s3_writer
+
+options, uri, path, settings = json.loads(sys.argv[1])
+settings = TransferSettings(**settings)
+fs = FsspecBackend("s3", options).fs
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def save(target, source):
+    with open(source, "rb") as handle, open_s3_writer(fs, target, {}, settings) as writer:
+        writer.write_from(handle)
+
+def load(target):
+    reader = open_s3_reader(fs, target, settings)
+    with VerifyingReader(reader, reader.info) as verifying:
+        buffer = bytearray(1 << 20)
+        while verifying.readinto(buffer):
+            pass
+
+with open(path + ".small", "wb") as handle:
+    handle.write(b"warm-up")
+save(uri + ".small", path + ".small")
+load(uri + ".small")
+before = peak()
+save(uri, path)
+after_save = peak()
+load(uri)
+print(json.dumps({"before": before, "save": after_save, "load": peak()}))
+"""
+
+
+def test_a_large_save_and_load_stay_within_the_documented_memory(bucket: Bucket, tmp_path: Path) -> None:
+    settings = TransferSettings(part_size=PART, max_concurrency=4)
+    size = 96 << 20  # larger than the buffers and the margin together: a whole copy would show
+    source = tmp_path / "big"
+    with open(source, "wb") as handle:
+        for _ in range(size >> 20):
+            handle.write(os.urandom(1 << 20))
+    arguments = [bucket.server.storage_options, bucket.uri("big"), str(source), settings.model_dump()]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, json.dumps(arguments)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    peaks = json.loads(done.stdout)
+    allowed = transfer_memory(settings) + (16 << 20)  # socket buffers, chunks, allocator slack
+    assert peaks["save"] - peaks["before"] < allowed
+    assert peaks["load"] - peaks["before"] < allowed
