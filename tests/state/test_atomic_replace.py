@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint.state import load_checkpoint, save_checkpoint
-from flyte_checkpoint.state.commit import read_pointer
 from flyte_checkpoint.state.layout import MANIFEST_NAME, Layout
+from flyte_checkpoint.state.pointer import read_pointer
 from tests.state.conftest import SPAWN, Store
 from tests.state.workers import Controller, Unit, generation_unit, saver_fork_server
 

@@ -20,8 +20,8 @@ from flyte_checkpoint.state import (
     verify_checkpoint,
     write_part,
 )
-from flyte_checkpoint.state.commit import read_pointer
 from flyte_checkpoint.state.layout import Layout
+from flyte_checkpoint.state.pointer import read_pointer
 from tests.state.conftest import SPAWN, Store
 from tests.state.workers import Controller, Unit, rank_loads_part, rank_writes_part
 
