@@ -64,9 +64,9 @@ def test_a_component_whose_state_dict_raises_fails_the_save_naming_its_position_
 
 
 def test_a_part_whose_write_fails_fails_the_save_naming_it_and_keeping_the_error_type(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    checkpoint_dir, previous = save_previous(store)
+    checkpoint_dir, previous = save_previous(any_store)
 
     def write_refused_for_part_2(backend: Backend, uri: str, payload: Payload) -> Written:
         if uri.endswith("part-00002.bin"):
@@ -79,9 +79,9 @@ def test_a_part_whose_write_fails_fails_the_save_naming_it_and_keeping_the_error
             checkpoint_dir,
             controller=None,
             parts=[Unit({0: "new"}), Unit({1: "new"}), Unit({2: "new"})],
-            storage_options=store.storage_options,
+            storage_options=any_store.storage_options,
         )
-    assert_only_the_previous_is_there(store, checkpoint_dir, previous)
+    assert_only_the_previous_is_there(any_store, checkpoint_dir, previous)
 
 
 def test_a_part_whose_write_hangs_fails_the_save_at_its_timeout(
