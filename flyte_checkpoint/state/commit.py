@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 from flyte_checkpoint.errors import (
@@ -164,16 +165,12 @@ def _check_stored(
             )
 
     run_bounded(
-        [(ack.position, _bind(check, ack)) for ack in acks],
+        [(ack.position, partial(check, ack)) for ack in acks],
         deadline=deadline,
         max_workers=max_workers,
         what=f"checking the parts of {layout.version_uri(version_id)}",
         consequence=NOTHING_COMMITTED,
     )
-
-
-def _bind(check: Callable[[PartAck], None], ack: PartAck) -> Callable[[], None]:
-    return lambda: check(ack)
 
 
 def write_manifest(

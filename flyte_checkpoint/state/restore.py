@@ -12,6 +12,7 @@ import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -157,16 +158,12 @@ def stage(
         return Staged(target, value)
 
     return run_bounded(
-        [(target.position, _bind(job, target)) for target in targets],
+        [(target.position, partial(job, target)) for target in targets],
         deadline=deadline,
         max_workers=max_workers,
         what=f"loading {layout.root}",
         consequence=NOTHING_RESTORED,
     )
-
-
-def _bind(job: Callable[[Target], Staged], target: Target) -> Callable[[], Staged]:
-    return lambda: job(target)
 
 
 def apply_all(

@@ -74,13 +74,16 @@ def test_a_part_whose_write_fails_fails_the_save_naming_it_and_keeping_the_error
         return write_object(backend, uri, payload)
 
     monkeypatch.setattr(parts, "write_object", write_refused_for_part_2)
-    with pytest.raises(CheckpointPermissionError, match=r"^part 2 failed: .*nothing was saved"):
+    with pytest.raises(CheckpointPermissionError, match=r"^permission denied saving .*part-00002") as caught:
         save_checkpoint(
             checkpoint_dir,
             controller=None,
             parts=[Unit({0: "new"}), Unit({1: "new"}), Unit({2: "new"})],
             storage_options=any_store.storage_options,
         )
+    assert getattr(caught.value, "__notes__", None) == [
+        "part 2 failed; nothing was saved; the previous checkpoint is unchanged"
+    ]
     assert_only_the_previous_is_there(any_store, checkpoint_dir, previous)
 
 
