@@ -22,7 +22,14 @@ from flyte_checkpoint.errors import (
     UnsupportedTypeError,
 )
 from flyte_checkpoint.state import acks as storage_acks
-from flyte_checkpoint.state.commit import NOTHING_COMMITTED, Stored, begin, commit_parts, store_controller
+from flyte_checkpoint.state.commit import (
+    NOTHING_COMMITTED,
+    Stored,
+    begin,
+    commit_parts,
+    refuse_committed,
+    store_controller,
+)
 from flyte_checkpoint.state.components import (
     PICKLE,
     Component,
@@ -309,8 +316,7 @@ class StateCheckpoint:
         this version's objects are removed (best-effort). Returns the committed manifest.
         """
         version = check_version_id(version_id)
-        gathered = list(acks) if isinstance(acks, Sequence) and not isinstance(acks, str | bytes) else acks
-        return self._commit(version, lambda _: gathered, controller=controller, metadata=metadata, lock=lock)
+        return self._commit(version, lambda _: acks, controller=controller, metadata=metadata, lock=lock)
 
     def commit(
         self,
@@ -359,8 +365,10 @@ class StateCheckpoint:
         layout = self._layout
         user_metadata = checked_metadata(metadata)
         deadline = self._deadline()
+        # Misuse fails here, before the ranks' parts would be discarded with the version.
         if controller is not None and not isinstance(controller, bytes | bytearray | memoryview | Path):
             kind_of(controller, label_of(None))
+        refuse_committed(layout, version)
 
         def store() -> Stored:
             record: PartRecord | None = None

@@ -99,9 +99,9 @@ def commit_parts(
 
     ``check_stored``: compare each acknowledgement with its stored object's size (and digest,
     where the backend records one) before committing; a save whose own threads just wrote the
-    parts skips it. Any failure removes the version and re-raises; nothing is committed.
+    parts skips it. Any failure removes the version and re-raises; nothing is committed. A
+    caller-chosen ``version_id`` must have passed :func:`refuse_committed` first.
     """
-    refuse_committed(layout, version_id)
     try:
         controller, given = store()
         acks = checked_acks(given)

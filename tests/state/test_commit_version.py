@@ -111,9 +111,7 @@ def test_a_controller_given_as_bytes_is_stored_and_read_back_by_a_file_component
     assert notes.text == "plan of the save"
 
 
-def test_a_state_checkpoint_crosses_processes_with_its_configuration(
-    local_store: Store, tmp_path: Path
-) -> None:
+def test_a_state_checkpoint_crosses_processes_with_its_configuration(tmp_path: Path) -> None:
     checkpoint = StateCheckpoint(
         tmp_path / "ckpt", storage_options={"fsync": True}, timeout=12.5, max_workers=2
     )
