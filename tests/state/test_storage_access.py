@@ -72,3 +72,17 @@ def test_a_load_digests_each_stored_byte_once(tmp_path: Path, monkeypatch: pytes
     checkpoint.load(controller=None, parts=[Unit(), Unit()])
     # The parts once each, plus at most the pointer and the manifest (where their digest was recorded).
     assert parts <= sum(digested) <= parts + records
+
+
+def test_a_version_holding_only_a_killed_writers_temp_file_is_collected_by_the_next_save(
+    tmp_path: Path,
+) -> None:
+    checkpoint = StateCheckpoint(tmp_path / "ckpt")
+    checkpoint.save(controller=None, parts=[Unit({0: "first"})])
+    abandoned = tmp_path / "ckpt" / "versions" / "20260101T000000000000Z-abandoned"
+    abandoned.mkdir()
+    (abandoned / ".part-00000.bin.0123456789abcdef.fc-tmp").write_bytes(b"half a part")
+
+    saved = checkpoint.save(controller=None, parts=[Unit({0: "second"})])
+
+    assert sorted(path.name for path in (tmp_path / "ckpt" / "versions").iterdir()) == [saved.version_id]
