@@ -2,9 +2,10 @@
 
 Run it with ``python examples/multipart_ranks.py``. Each rank is a separate process (started with
 ``spawn``, with ``RANK`` and ``WORLD_SIZE`` in its environment as torchrun sets them); it writes
-its own part straight to storage and hands the coordinator only an acknowledgement. The
-coordinator waits for all four (bounded), then commits them with its own state in one atomic step.
-On restore it verifies the whole checkpoint first, then each rank loads its own part.
+its own part straight to storage and hands the coordinator only an acknowledgement, over a queue
+here (a torch.distributed gather or Ray return values serve the same way). The coordinator
+gathers all four, then commits them with its own state in one atomic step. On restore it
+verifies the whole checkpoint first, then each rank loads its own part.
 
 Checkpoints go to ``./flyte-checkpoints/<run id>/multipart`` by default; pass ``--storage URI``
 (``s3://bucket/prefix``, ...) to keep them elsewhere.
@@ -20,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from flyte_checkpoint.state import begin, commit, load_controller, load_part, verify_checkpoint, write_part
+from flyte_checkpoint.state import PartAck, StateCheckpoint
 
 WORLD_SIZE = 4
 STEP = 1000
@@ -65,26 +66,27 @@ def as_launched_by_torchrun(rank: int) -> None:
     os.environ["WORLD_SIZE"] = str(WORLD_SIZE)
 
 
-def rank_saves(checkpoint_dir: str, version_id: str, rank: int, results: Any) -> None:
+def rank_saves(checkpoint: StateCheckpoint, version_id: str, rank: int, results: Any) -> None:
     """A rank's save: its position comes from RANK, its bytes go straight to storage."""
     as_launched_by_torchrun(rank)
-    ack = write_part(checkpoint_dir, None, Shard.trained(rank, STEP), version_id=version_id)
-    results.put((rank, f"wrote part {ack.position}: {ack.size} bytes, digest {ack.digest}"))
+    ack = checkpoint.write_part(None, Shard.trained(rank, STEP), version_id=version_id)
+    results.put((rank, f"wrote part {ack.position}: {ack.size} bytes, digest {ack.digest}", ack))
 
 
-def rank_restores(checkpoint_dir: str, version_id: str, rank: int, results: Any) -> None:
+def rank_restores(checkpoint: StateCheckpoint, version_id: str, rank: int, results: Any) -> None:
     """A rank's restore: a fresh shard, filled from its own, verified part of the pinned version."""
     as_launched_by_torchrun(rank)
     shard = Shard(rank)
-    load_part(checkpoint_dir, None, shard, version_id=version_id)
-    results.put((rank, f"restored weights {shard.weights}"))
+    checkpoint.load_part(None, shard, version_id=version_id)
+    results.put((rank, f"restored weights {shard.weights}", None))
 
 
-def run_ranks(target: Any, checkpoint_dir: str, version_id: str) -> tuple[list[Any], Any]:
+def run_ranks(target: Any, checkpoint: StateCheckpoint, version_id: str) -> tuple[list[Any], Any]:
+    """Start one process per rank; each gets the checkpoint (it pickles with its configuration)."""
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
     ranks = [
-        spawn.Process(target=target, args=(checkpoint_dir, version_id, rank, results), name=f"rank-{rank}")
+        spawn.Process(target=target, args=(checkpoint, version_id, rank, results), name=f"rank-{rank}")
         for rank in range(WORLD_SIZE)
     ]
     for process in ranks:
@@ -92,13 +94,17 @@ def run_ranks(target: Any, checkpoint_dir: str, version_id: str) -> tuple[list[A
     return ranks, results
 
 
-def finish(ranks: list[Any], results: Any) -> None:
-    """Print each rank's report in rank order; fail fast (not after a timeout) if a rank dies."""
+def gather(ranks: list[Any], results: Any) -> list[PartAck]:
+    """Print each rank's report in rank order and return the acks it sent; fail fast (not after a
+    timeout) if a rank dies."""
     reports: dict[int, str] = {}
+    acks: list[PartAck] = []
     while len(reports) < len(ranks):
         try:
-            rank, report = results.get(timeout=0.2)
+            rank, report, ack = results.get(timeout=0.2)
             reports[rank] = report
+            if ack is not None:
+                acks.append(ack)
         except queue.Empty:
             failed = [process for process in ranks if process.exitcode not in (None, 0)]
             if failed:
@@ -108,6 +114,7 @@ def finish(ranks: list[Any], results: Any) -> None:
     results.close()
     for rank in sorted(reports):
         print(f"  rank {rank}: {reports[rank]}")
+    return acks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,29 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint_dir = f"{base}/{uuid.uuid4().hex[:12]}/multipart"
     print(f"checkpoint: {checkpoint_dir}")
 
+    checkpoint = StateCheckpoint(checkpoint_dir, timeout=60)
+
     print(f"saving step {STEP}: a coordinator and {WORLD_SIZE} rank processes")
-    version = begin(checkpoint_dir)
-    ranks, results = run_ranks(rank_saves, checkpoint_dir, version)
-    manifest = commit(
-        checkpoint_dir,
-        version,
-        world_size=WORLD_SIZE,
-        controller=Coordinator(step=STEP, learning_rate=0.0003),
-        metadata={"step": STEP},
-        workers=ranks,
-        timeout=60,
+    version = checkpoint.begin()
+    ranks, results = run_ranks(rank_saves, checkpoint, version)
+    acks = gather(ranks, results)
+    manifest = checkpoint.commit_version(
+        version, acks, controller=Coordinator(step=STEP, learning_rate=0.0003), metadata={"step": STEP}
     )
-    finish(ranks, results)
     print(f"  committed version {manifest.version_id}: {manifest.world_size} parts + controller")
 
     print("restoring into fresh processes")
-    verified = verify_checkpoint(checkpoint_dir, world_size=WORLD_SIZE)
+    verified = checkpoint.verify(world_size=WORLD_SIZE)
     coordinator = Coordinator()
-    metadata = load_controller(checkpoint_dir, coordinator, version_id=verified.version_id)
+    restored = checkpoint.load_controller(coordinator, version_id=verified.version_id)
     print(f"  coordinator: step {coordinator.step}, learning rate {coordinator.learning_rate}")
-    print(f"  metadata: {metadata}")
-    ranks, results = run_ranks(rank_restores, checkpoint_dir, verified.version_id)
-    finish(ranks, results)
+    print(f"  metadata: {restored.metadata}")
+    ranks, results = run_ranks(rank_restores, checkpoint, verified.version_id)
+    gather(ranks, results)
     return 0
 
 

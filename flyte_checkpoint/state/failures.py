@@ -2,7 +2,7 @@
 
 A failing part is a :class:`CheckpointPartError` (with its ``position``), a bounded wait that ran
 out a :class:`CheckpointTimeoutError`; errors of this package that already have a precise class
-keep it, with the part named.
+keep it, with the part named in a note.
 """
 
 from __future__ import annotations
@@ -26,21 +26,26 @@ def timed_out(message: str) -> CheckpointError:
     return CheckpointTimeoutError(message)
 
 
-def in_context(exc: BaseException, position: int | None, consequence: str) -> CheckpointError:
-    """``exc`` with the failing part named, keeping its class when it is one of ours.
+def in_context(exc: BaseException, position: int | None, consequence: str) -> BaseException:
+    """``exc`` with the failing part named.
 
-    A :class:`CheckpointError` subclass is re-created with the extra context, so callers can
-    still catch ``PermissionError``, ``CheckpointCorruptError`` and the like; anything else is
-    wrapped. The caller chains the original with ``raise ... from exc``.
+    This package's errors keep their class and identity, so callers can still catch
+    ``PermissionError``, ``CheckpointCorruptError`` and the like: the part and the consequence
+    are added as a note (a part error that names its part already is returned as is). Anything
+    else becomes a :class:`CheckpointPartError`, which the caller chains to ``exc``.
     """
     label = label_of(position)
-    text = str(exc)
-    # Errors raised by this package usually name the part already ("part 3 is damaged: ...").
-    body = text if text.startswith(label) else f"{label} failed: {describe_exception(exc)}"
-    message = f"{body}; {consequence}"
-    if isinstance(exc, CheckpointError) and not isinstance(exc, CheckpointPartError):
-        try:
-            return type(exc)(message)
-        except TypeError:
-            pass
-    return CheckpointPartError(message, position=position)
+    if isinstance(exc, CheckpointPartError) and exc.position == position:
+        return exc
+    if isinstance(exc, CheckpointError):
+        _add_note(exc, f"{label} failed; {consequence}")
+        return exc
+    return CheckpointPartError(f"{label} failed: {describe_exception(exc)}; {consequence}", position=position)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None:
+        add_note(note)
+    else:  # Python 3.10: kept where 3.11's tracebacks and callers find notes
+        setattr(exc, "__notes__", [*getattr(exc, "__notes__", []), note])  # noqa: B010

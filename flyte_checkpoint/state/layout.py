@@ -19,7 +19,6 @@ versions the pointer does not name are garbage, removed after the next commit.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import uuid
@@ -30,8 +29,7 @@ from typing import Any
 
 from flyte_checkpoint.errors import InvalidCheckpointInputError
 from flyte_checkpoint.storage import Backend, backend_for
-from flyte_checkpoint.storage.errors import translated_os_errors
-from flyte_checkpoint.uris import is_local, local_path
+from flyte_checkpoint.uris import is_local
 
 POINTER_NAME = "COMMITTED.json"
 VERSIONS_DIR = "versions"
@@ -84,15 +82,17 @@ def _normalised_root(checkpoint_dir: str | os.PathLike[str]) -> str:
     return stripped
 
 
-def remote_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``storage_options`` for an fsspec backend, with its directory-listing cache off.
+def _backend_options(root: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` as given (``fsync`` included, on every backend), with fsspec's
+    directory-listing cache off for object stores.
 
     fsspec caches listings per filesystem instance and never notices objects that *other*
     processes write, so a coordinator polling for acknowledgements, or a manager listing steps,
     would see a stale view. The caller can still turn the cache on explicitly.
     """
     options = dict(storage_options or {})
-    options.setdefault("use_listings_cache", False)
+    if not is_local(root):
+        options.setdefault("use_listings_cache", False)
     return options
 
 
@@ -105,18 +105,15 @@ class Layout:
     backend: Backend = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        options = None if is_local(self.root) else remote_options(self.storage_options)
-        object.__setattr__(self, "backend", backend_for(self.root, options))
+        object.__setattr__(
+            self, "backend", backend_for(self.root, _backend_options(self.root, self.storage_options))
+        )
 
     @classmethod
     def of(
         cls, checkpoint_dir: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
     ) -> Layout:
         return cls(_normalised_root(checkpoint_dir), storage_options)
-
-    @property
-    def is_local(self) -> bool:
-        return is_local(self.root)
 
     def join(self, *names: str) -> str:
         return "/".join((self.root, *names))
@@ -141,50 +138,11 @@ class Layout:
     def ack_uri(self, version_id: str, position: int) -> str:
         return self.join(VERSIONS_DIR, version_id, ACKS_DIR, ack_name(position))
 
-    @staticmethod
-    def version_of(listed_uri: str) -> str | None:
-        """The version id in a URI that ``list_prefix`` returned, if it lies in a version directory."""
-        marker = f"/{VERSIONS_DIR}/"
-        index = listed_uri.rfind(marker)
-        if index < 0:
-            return None
-        version = listed_uri[index + len(marker) :].split("/", 1)[0]
-        return version if _VERSION_ID.match(version) else None
-
     def list_versions(self) -> list[str]:
         """The ids of all version directories, committed or not.
 
-        On local disk the directories themselves are listed, so a version whose only file is
-        the temp file of a writer killed mid-write is still found (and collected).
+        Listed as children of ``versions/``, so a version whose only file is the temp file of a
+        writer killed mid-write is still found (and collected) where the backend shows one.
         """
-        if self.is_local:
-            directory = local_path(self.versions_uri)
-            with translated_os_errors(self.versions_uri, "listing"):
-                try:
-                    names = os.listdir(directory)
-                except FileNotFoundError:
-                    return []
-                return sorted(
-                    name for name in names if _VERSION_ID.match(name) and (directory / name).is_dir()
-                )
-        listed = self.backend.list_prefix(self.versions_uri)
-        return sorted({version for uri in listed if (version := self.version_of(uri)) is not None})
-
-    def sync_directories(self, version_id: str) -> None:
-        """Make the new version's directory entries durable before the pointer names them.
-
-        Each local object write fsyncs the file and its own directory, but not the directories
-        it had to create (``versions/<id>``, ``versions``, and the checkpoint directory itself
-        when new), so after a power cut the pointer could name a version whose directory entry
-        was lost. Object stores have no directories; nothing to do there.
-        """
-        if not self.is_local:
-            return
-        root = local_path(self.root)
-        for directory in (root / VERSIONS_DIR / version_id, root / VERSIONS_DIR, root, root.parent):
-            with contextlib.suppress(FileNotFoundError):
-                fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+        names = self.backend.list_children(self.versions_uri)
+        return sorted(name for name in names if _VERSION_ID.match(name))

@@ -17,15 +17,14 @@ from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
 )
-from flyte_checkpoint.state.api import load_manifest_and_apply, save_checkpoint
-from flyte_checkpoint.state.commit import Worker, begin, commit, read_committed
+from flyte_checkpoint.state.acks import Worker
+from flyte_checkpoint.state.checkpoint import StateCheckpoint
 from flyte_checkpoint.state.components import PICKLE, Component, Serializer
 from flyte_checkpoint.state.layout import POINTER_NAME, Layout
-from flyte_checkpoint.state.manifest import Manifest
-from flyte_checkpoint.state.runtime import DEFAULT_TIMEOUT, LockLike, check_timeout
+from flyte_checkpoint.state.manifest import Manifest, PartAck
+from flyte_checkpoint.state.parts import PartData
+from flyte_checkpoint.state.runtime import DEFAULT_TIMEOUT, LockLike
 from flyte_checkpoint.storage import StorageOptions
-from flyte_checkpoint.storage.errors import translated_os_errors
-from flyte_checkpoint.uris import local_path
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -91,11 +90,15 @@ class CheckpointManager:
         ):
             raise InvalidCheckpointInputError(f"keep_last must be a positive int or None, not {keep_last!r}")
         self._layout = Layout.of(root, storage_options)
-        self._storage_options = storage_options
+        # Checked once here, so a bad setting fails at construction rather than at the first save.
+        self._settings = StateCheckpoint(
+            self._layout.root,
+            storage_options=storage_options,
+            serializer=serializer,
+            timeout=timeout,
+            max_workers=max_workers,
+        )
         self._keep_last = keep_last
-        self._serializer = serializer
-        self._timeout = check_timeout(timeout)
-        self._max_workers = max_workers
         self._resumed_step: int | None = None
 
     @property
@@ -115,6 +118,21 @@ class CheckpointManager:
         """The checkpoint directory of ``step`` (give it to ranks writing parts of that step)."""
         return self._layout.join(f"{STEP_DIR_PREFIX}{_check_step(step)}")
 
+    def at(self, step: int) -> StateCheckpoint:
+        """The checkpoint of ``step``, with this manager's configuration (for ranks and loads).
+
+        Saving through it skips retention: use :meth:`save`, :meth:`commit` or
+        :meth:`commit_version` for that.
+        """
+        settings = self._settings
+        return StateCheckpoint(
+            self.checkpoint_dir(step),
+            storage_options=settings.storage_options,
+            serializer=settings.serializer,
+            timeout=settings.timeout,
+            max_workers=settings.max_workers,
+        )
+
     def steps(self) -> list[int]:
         """The committed steps, oldest first."""
         return sorted(self._scan()[0])
@@ -127,7 +145,7 @@ class CheckpointManager:
             if step not in committed:
                 summaries.append(StepSummary(step=step, committed=False))
                 continue
-            manifest = read_committed(Layout.of(self.checkpoint_dir(step), self._storage_options))
+            manifest = self.at(step).manifest()
             records = [*manifest.parts, *([manifest.controller] if manifest.controller else [])]
             summaries.append(
                 StepSummary(
@@ -157,23 +175,13 @@ class CheckpointManager:
         lock: LockLike | None = None,
     ) -> Manifest:
         """Save ``step`` (atomically replacing an earlier save of the same step), then apply retention."""
-        manifest = save_checkpoint(
-            self.checkpoint_dir(step),
-            controller=controller,
-            parts=parts,
-            metadata=metadata,
-            lock=lock,
-            serializer=self._serializer,
-            timeout=self._timeout,
-            max_workers=self._max_workers,
-            storage_options=self._storage_options,
-        )
+        manifest = self.at(step).save(controller=controller, parts=parts, metadata=metadata, lock=lock)
         self._retain_after(step)
         return manifest
 
     def begin(self, step: int, *, version_id: str | None = None) -> str:
-        """Start a multi-process save of ``step``; see :func:`~flyte_checkpoint.state.begin`."""
-        return begin(self.checkpoint_dir(step), version_id=version_id, storage_options=self._storage_options)
+        """Start a multi-process save of ``step``; see :meth:`StateCheckpoint.begin`."""
+        return self.at(step).begin(version_id)
 
     def commit(
         self,
@@ -181,26 +189,42 @@ class CheckpointManager:
         version_id: str,
         *,
         world_size: int,
-        controller: Component | None = None,
+        controller: PartData | None = None,
         metadata: dict[str, Any] | None = None,
         workers: Mapping[int, Worker] | Sequence[Worker] | None = None,
         lock: LockLike | None = None,
     ) -> Manifest:
-        """Commit a multi-process save of ``step``, then apply retention.
+        """Commit a multi-process save of ``step`` from acks in storage, then apply retention.
 
-        See :func:`~flyte_checkpoint.state.commit`.
+        See :meth:`StateCheckpoint.commit`.
         """
-        manifest = commit(
-            self.checkpoint_dir(step),
+        manifest = self.at(step).commit(
             version_id,
             world_size=world_size,
             controller=controller,
             metadata=metadata,
             workers=workers,
-            timeout=self._timeout,
             lock=lock,
-            serializer=self._serializer,
-            storage_options=self._storage_options,
+        )
+        self._retain_after(step)
+        return manifest
+
+    def commit_version(
+        self,
+        step: int,
+        version_id: str,
+        acks: Sequence[PartAck],
+        *,
+        controller: PartData | None = None,
+        metadata: dict[str, Any] | None = None,
+        lock: LockLike | None = None,
+    ) -> Manifest:
+        """Commit a save of ``step`` from gathered acks, then apply retention.
+
+        See :meth:`StateCheckpoint.commit_version`.
+        """
+        manifest = self.at(step).commit_version(
+            version_id, acks, controller=controller, metadata=metadata, lock=lock
         )
         self._retain_after(step)
         return manifest
@@ -246,18 +270,9 @@ class CheckpointManager:
         )
 
     def _load_step(
-        self, step: int, controller: object | None, parts: Sequence[object], lock: LockLike | None
+        self, step: int, controller: Component | None, parts: Sequence[Component], lock: LockLike | None
     ) -> RestoredStep:
-        manifest = load_manifest_and_apply(
-            self.checkpoint_dir(step),
-            controller=controller,
-            parts=parts,
-            lock=lock,
-            serializer=self._serializer,
-            timeout=self._timeout,
-            max_workers=self._max_workers,
-            storage_options=self._storage_options,
-        )
+        manifest = self.at(step).load(controller=controller, parts=parts, lock=lock)
         self._resumed_step = step
         return RestoredStep(step=step, version_id=manifest.version_id, metadata=dict(manifest.metadata))
 
@@ -301,38 +316,31 @@ class CheckpointManager:
         logger.info("retention deleted checkpoint step %d under %s", step, self.root)
 
     def _scan(self) -> tuple[set[int], set[int]]:
-        """(committed steps, every step with a directory)."""
-        layout = self._layout
-        every: set[int] = set()
+        """(committed steps, every step directory).
+
+        Step directories are the root's children (so an empty one, or one holding only an
+        unfinished write, is listed where the backend shows directories); committed ones are
+        those whose pointer one recursive listing finds.
+        """
+        backend = self._layout.backend
+        every = {
+            int(match.group(1))
+            for name in backend.list_children(self._layout.root)
+            if (match := _STEP_DIR.match(name))
+        }
+        base = _without_scheme(self._layout.root) + "/"
         committed: set[int] = set()
-        if layout.is_local:
-            root = local_path(layout.root)
-            with translated_os_errors(layout.root, "listing"):
-                try:
-                    names = os.listdir(root)
-                except FileNotFoundError:
-                    return set(), set()
-                for name in names:
-                    match = _STEP_DIR.match(name)
-                    if match and (root / name).is_dir():
-                        every.add(int(match.group(1)))
-                        if (root / name / POINTER_NAME).is_file():
-                            committed.add(int(match.group(1)))
-            return committed, every
-        base = _without_scheme(layout.root) + "/"
-        for uri in layout.backend.list_prefix(layout.root):
+        for uri in backend.list_prefix(self._layout.root):
             relative = _without_scheme(uri)
             if not relative.startswith(base):
                 continue
             segments = relative[len(base) :].split("/")
             match = _STEP_DIR.match(segments[0])
-            if match is None or len(segments) < 2:
-                continue
-            every.add(int(match.group(1)))
-            if segments[1:] == [POINTER_NAME]:
+            if match is not None and segments[1:] == [POINTER_NAME]:
                 committed.add(int(match.group(1)))
-        return committed, every
+        return committed, every | committed
 
 
 def _without_scheme(uri: str) -> str:
+    # Stores may list under another spelling of the scheme than the one given (az:// vs abfs://).
     return uri.split("://", 1)[-1].strip("/")

@@ -1,9 +1,9 @@
 """The records a multi-part checkpoint is made of: part acknowledgements, the manifest, the pointer.
 
 All are frozen pydantic models stored as JSON. A part writer (possibly another process) returns a
-:class:`PartAck` and stores it as an :class:`AckRecord`; the coordinator gathers them into a
-:class:`Manifest`; the :class:`CommitPointer`, written last, names the committed manifest and its
-digest, which is what makes a checkpoint exist.
+:class:`PartAck`, and may also leave it in storage as an :class:`AckRecord`; the committer
+gathers them into a :class:`Manifest`; the :class:`CommitPointer`, written last, names the
+committed manifest and its digest, which is what makes a checkpoint exist.
 """
 
 from __future__ import annotations

@@ -97,25 +97,44 @@ def verify_object(backend: Backend, uri: str, record: PartRecord, label: str) ->
 def _stream(
     backend: Backend, uri: str, record: PartRecord, label: str, consume: Callable[[bytes], object]
 ) -> None:
+    """Read the object to its end into ``consume``, digesting each byte once.
+
+    Where the backend recorded a digest with the object, its reader already checks the bytes
+    against it at end of stream; that recorded digest must then be the manifest's, and no second
+    digest is taken here. Otherwise this layer digests the bytes itself.
+    """
     reader = backend.open_read(uri)
     if reader is None:
         raise CheckpointCorruptError(f"{label} is missing: the manifest names {uri}, which does not exist")
-    digest = ContentDigest.like(record.digest, where=f"{label} ({uri})")
+    recorded = reader.info.recorded_digest
+    digest = None if recorded is not None else ContentDigest.like(record.digest, where=f"{label} ({uri})")
     size = 0
     with reader:
-        while chunk := reader.read(_CHUNK):
+        if recorded is not None and recorded != record.digest:
+            raise CheckpointCorruptError(_mismatch(label, uri))
+        while True:
+            try:
+                chunk = reader.read(_CHUNK)
+            except CheckpointCorruptError as exc:
+                # The reader's own check at end of stream, against the digest it recorded.
+                raise CheckpointCorruptError(_mismatch(label, uri)) from exc
+            if not chunk:
+                break
             size += len(chunk)
             if size > record.size:
                 raise CheckpointCorruptError(
                     f"{label} is damaged: {uri} holds more than the {record.size} bytes recorded"
                 )
-            digest.update(chunk)
+            if digest is not None:
+                digest.update(chunk)
             consume(chunk)
     if size != record.size:
         raise CheckpointCorruptError(
             f"{label} is damaged: {uri} holds {size} bytes, but {record.size} were recorded"
         )
-    if digest.value != record.digest:
-        raise CheckpointCorruptError(
-            f"{label} is damaged: the content of {uri} does not match the digest in the manifest"
-        )
+    if digest is not None and digest.value != record.digest:
+        raise CheckpointCorruptError(_mismatch(label, uri))
+
+
+def _mismatch(label: str, uri: str) -> str:
+    return f"{label} is damaged: the content of {uri} does not match the digest in the manifest"

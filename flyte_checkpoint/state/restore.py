@@ -9,17 +9,14 @@ component, the failing one too, to exactly what it held before the load.
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from flyte_checkpoint.errors import (
-    CheckpointCorruptError,
-    CheckpointNotFoundError,
-    InvalidCheckpointInputError,
-)
-from flyte_checkpoint.state.commit import pointer_moved, read_committed
+from flyte_checkpoint.errors import CheckpointCorruptError, InvalidCheckpointInputError
 from flyte_checkpoint.state.components import (
     BYTES_ENCODING,
     FILE_ENCODING,
@@ -34,14 +31,12 @@ from flyte_checkpoint.state.failures import label_of, part_failed
 from flyte_checkpoint.state.layout import Layout
 from flyte_checkpoint.state.manifest import Manifest, PartRecord
 from flyte_checkpoint.state.objects import fetch_bytes, fetch_to_file
+from flyte_checkpoint.state.pointer import with_committed
 from flyte_checkpoint.state.runtime import Deadline, LockLike, held, run_bounded
 
 logger = logging.getLogger("flyte_checkpoint")
 
-T = TypeVar("T")
-
 NOTHING_RESTORED = "nothing was restored; every component is unchanged"
-_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -60,35 +55,41 @@ class Staged:
     """The decoded state, or the path of the fetched file for a file component."""
 
 
-def committed_manifest(layout: Layout, version_id: str | None) -> Manifest:
-    """The committed manifest; when ``version_id`` is given, it must still be the committed one."""
-    manifest = read_committed(layout)
-    if version_id is not None and manifest.version_id != version_id:
-        raise CheckpointNotFoundError(
-            f"version {version_id} is not the committed checkpoint at {layout.root} (that is "
-            f"{manifest.version_id}); a newer save replaced it"
+def load_into(
+    layout: Layout,
+    targets: Sequence[Target],
+    *,
+    version_id: str | None,
+    check: Callable[[Manifest], None],
+    serializer: Serializer,
+    lock: LockLike | None,
+    deadline: Deadline,
+    max_workers: int | None,
+) -> Manifest:
+    """The one load: ``check`` the committed manifest, stage every target's part, apply them all.
+
+    ``version_id`` pins the version (it must still be the committed one); otherwise a load that
+    a concurrent commit overtook starts over on the new version. Returns the applied manifest.
+    """
+    with tempfile.TemporaryDirectory(prefix="flyte-cp-state-") as scratch:
+
+        def check_and_stage(manifest: Manifest) -> list[Staged]:
+            check(manifest)
+            return stage(
+                layout,
+                manifest,
+                targets,
+                serializer=serializer,
+                scratch=Path(scratch),
+                deadline=deadline,
+                max_workers=max_workers,
+            )
+
+        manifest, staged = with_committed(layout, version_id, check_and_stage)
+        apply_all(
+            staged, serializer=serializer, lock=lock, deadline=deadline, scratch=Path(scratch) / "prior"
         )
     return manifest
-
-
-def with_committed(
-    layout: Layout, version_id: str | None, action: Callable[[Manifest], T]
-) -> tuple[Manifest, T]:
-    """Run ``action`` on the committed manifest; retry when a concurrent commit replaced it.
-
-    A save that commits while this reads deletes the version being read; the read then fails
-    on a missing object, the pointer shows a newer version, and the read starts over on it.
-    """
-    for attempt in range(1, _ATTEMPTS + 1):
-        manifest = committed_manifest(layout, version_id)
-        try:
-            return manifest, action(manifest)
-        except CheckpointCorruptError:
-            if attempt < _ATTEMPTS and version_id is None and pointer_moved(layout, manifest.version_id):
-                logger.info("checkpoint %s was replaced while being read; reading the new one", layout.root)
-                continue
-            raise
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def check_counts(layout: Layout, manifest: Manifest, *, parts: int, controller: bool | None) -> None:
@@ -157,16 +158,12 @@ def stage(
         return Staged(target, value)
 
     return run_bounded(
-        [(target.position, _bind(job, target)) for target in targets],
+        [(target.position, partial(job, target)) for target in targets],
         deadline=deadline,
         max_workers=max_workers,
         what=f"loading {layout.root}",
         consequence=NOTHING_RESTORED,
     )
-
-
-def _bind(job: Callable[[Target], Staged], target: Target) -> Callable[[], Staged]:
-    return lambda: job(target)
 
 
 def apply_all(

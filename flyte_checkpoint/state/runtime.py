@@ -134,7 +134,10 @@ def run_bounded(
             position, future = min(failed, key=lambda item: -1 if item[0] is None else item[0])
             error = future.exception()
             assert error is not None
-            raise in_context(error, position, consequence) from error
+            contextual = in_context(error, position, consequence)
+            if contextual is error:
+                raise error
+            raise contextual from error
         if pending:
             running = ", ".join(
                 label_of(position)

@@ -337,6 +337,25 @@ class Backend(abc.ABC):
     def delete_prefix(self, uri: str) -> None:
         """Remove every object below the directory-like prefix ``uri``; absent is fine."""
 
+    def list_children(self, uri: str) -> list[str]:
+        """The names directly below the directory-like prefix ``uri``: objects and sub-prefixes (sorted).
+
+        Derived from :meth:`list_prefix` here; a backend with real directories lists them, so a
+        directory holding only an unfinished write is named too.
+        """
+        base = _without_scheme(uri) + "/"
+        names = set()
+        for listed in self.list_prefix(uri):
+            relative = _without_scheme(listed)
+            if relative.startswith(base):
+                names.add(relative[len(base) :].split("/", 1)[0])
+        return sorted(names)
+
+
+def _without_scheme(uri: str) -> str:
+    # Stores may list under another spelling of the scheme than the one given (az:// vs abfs://).
+    return uri.split("://", 1)[-1].strip("/")
+
 
 def copy_stream(reader: VerifyingReader, backend: Backend, dst: str) -> ObjectInfo:
     """Stream ``reader`` into a new object at ``dst`` on ``backend``, keeping its format record."""

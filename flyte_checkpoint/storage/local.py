@@ -341,6 +341,20 @@ class LocalBackend(Backend):
             ]
         return sorted(found)
 
+    def list_children(self, uri: str) -> list[str]:
+        root = local_path(uri)
+        with translated_os_errors(uri, "listing"):
+            try:
+                entries = list(os.scandir(root))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            return sorted(
+                entry.name
+                for entry in entries
+                if entry.is_dir(follow_symlinks=False)
+                or (entry.is_file() and not entry.name.endswith((_TEMP_SUFFIX, RETIRED_SUFFIX)))
+            )
+
     def delete_prefix(self, uri: str) -> None:
         root = local_path(uri)
         with translated_os_errors(uri, "deleting"):

@@ -41,17 +41,36 @@ def _local(tmp_path: Path) -> Store:
     return Store("local", str(tmp_path / "checkpoints"))
 
 
-def _s3(server: StorageServer) -> Store:
+_SCHEME = {"s3": "s3", "gcs": "gs", "azure": "abfs"}
+
+
+def _remote(kind: str, server: StorageServer) -> Store:
     bucket = create_bucket(server, "state")
-    return Store("s3", f"s3://{bucket}/checkpoints", server.storage_options)
+    return Store(kind, f"{_SCHEME[kind]}://{bucket}/checkpoints", server.storage_options)
+
+
+def _s3(server: StorageServer) -> Store:
+    return _remote("s3", server)
+
+
+def _store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    kind = str(request.param)
+    if kind == "local":
+        return _local(tmp_path)
+    return _remote(kind, request.getfixturevalue(f"{kind}_server"))
 
 
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     """Each test using it runs once on local disk and once on S3."""
-    if request.param == "local":
-        return _local(tmp_path)
-    return _s3(request.getfixturevalue("s3_server"))
+    return _store(request, tmp_path)
+
+
+@pytest.fixture(params=["local", "s3", "gcs", "azure"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """For the core protocol tests: each runs on local disk, S3 (moto), GCS (fake-gcs-server)
+    and Azure (Azurite)."""
+    return _store(request, tmp_path)
 
 
 @pytest.fixture
@@ -65,9 +84,12 @@ def s3_store(s3_server: StorageServer) -> Store:
 
 
 # Threads that legitimately live for the whole process: fsspec's event-loop thread (s3fs), the
-# executor threads of that loop (daemon, named asyncio_N), and the helper threads of
-# multiprocessing queues, which exit once their queue is collected.
-_PROCESS_WIDE_THREADS = ("fsspecIO", "QueueFeederThread")
+# executor threads of that loop (daemon, named asyncio_N), the helper threads of multiprocessing
+# queues, which exit once their queue is collected, and the storage layer's reaper, started by
+# the first local save that replaces an object (flyte_checkpoint.storage.retire; one per process,
+# it unlinks the replaced object's second name off the saving thread), and gcsfs's one thread
+# that closes files handed to it.
+_PROCESS_WIDE_THREADS = ("fsspecIO", "QueueFeederThread", "flyte-checkpoint-reaper", "gcsfs-deferred-close")
 
 
 def _process_wide(thread: threading.Thread) -> bool:

@@ -22,16 +22,17 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint.state import load_checkpoint, save_checkpoint
-from flyte_checkpoint.state.commit import read_pointer
 from flyte_checkpoint.state.layout import MANIFEST_NAME, Layout
+from flyte_checkpoint.state.pointer import read_pointer
 from tests.state.conftest import SPAWN, Store
 from tests.state.workers import Controller, Unit, generation_unit, saver_fork_server
 
-# At least 20 kill points per backend; fewer parts and trials on S3, where every request goes to a
-# Python server sharing the same two cores. Many parts make the save slow enough to be killed
-# between part writes.
-TRIALS = {"local": 24, "s3": 20}
-PARTS = {"local": 16, "s3": 8}
+# At least 20 kill points on local disk and S3; fewer parts on the object stores, where every
+# request goes to an emulator sharing the same two cores. Many parts make the save slow enough to
+# be killed between part writes. GCS and Azure commit by the same single-object write as S3: one
+# kill right after each of their objects is enough there, and keeps their share of the suite small.
+TRIALS = {"local": 24, "s3": 20, "gcs": 10, "azure": 10}
+PARTS = {"local": 16, "s3": 8, "gcs": 4, "azure": 4}
 PART_SIZE = 64 << 10
 _WAIT = 30.0
 
@@ -196,12 +197,12 @@ def report(store: Store, trials: list[Trial]) -> str:
 
 
 def test_a_save_killed_at_any_point_leaves_the_old_or_the_new_checkpoint_loadable(
-    store: Store, saver_server: SaverServer
+    any_store: Store, saver_server: SaverServer
 ) -> None:
-    trials = run_kill_trials(store, saver_server)
+    trials = run_kill_trials(any_store, saver_server)
     # Shown with -s, and kept in the test's report on failure.
-    print("\n" + report(store, trials))
-    assert len(trials) >= 20
+    print("\n" + report(any_store, trials))
+    assert len(trials) >= TRIALS[any_store.kind]
     outcomes = {trial.outcome for trial in trials}
     assert outcomes == {"old", "new"}, "the kills must land both before and after the commit point"
     assert len({trial.phase for trial in trials}) >= 5, "the kills must spread over the save"

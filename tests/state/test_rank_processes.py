@@ -20,8 +20,8 @@ from flyte_checkpoint.state import (
     verify_checkpoint,
     write_part,
 )
-from flyte_checkpoint.state.commit import read_pointer
 from flyte_checkpoint.state.layout import Layout
+from flyte_checkpoint.state.pointer import read_pointer
 from tests.state.conftest import SPAWN, Store
 from tests.state.workers import Controller, Unit, rank_loads_part, rank_writes_part
 
@@ -87,11 +87,11 @@ def assert_previous_is_loadable(
 
 
 def test_four_rank_processes_write_parts_that_the_coordinator_commits(
-    store: Store, processes: list[BaseProcess]
+    any_store: Store, processes: list[BaseProcess]
 ) -> None:
-    checkpoint_dir = store.uri("ckpt")
-    version = begin(checkpoint_dir, storage_options=store.storage_options)
-    ranks = start_ranks(processes, store, checkpoint_dir, version, {})
+    checkpoint_dir = any_store.uri("ckpt")
+    version = begin(checkpoint_dir, storage_options=any_store.storage_options)
+    ranks = start_ranks(processes, any_store, checkpoint_dir, version, {})
 
     manifest = commit(
         checkpoint_dir,
@@ -101,7 +101,7 @@ def test_four_rank_processes_write_parts_that_the_coordinator_commits(
         metadata={"step": 5},
         workers=ranks,
         timeout=COMMIT_TIMEOUT,
-        storage_options=store.storage_options,
+        storage_options=any_store.storage_options,
     )
     for process in ranks:
         process.join(10)
@@ -110,7 +110,7 @@ def test_four_rank_processes_write_parts_that_the_coordinator_commits(
     assert [part.position for part in manifest.parts] == list(range(WORLD_SIZE))
     controller, units = Controller(), [Unit() for _ in range(WORLD_SIZE)]
     metadata = load_checkpoint(
-        checkpoint_dir, controller=controller, parts=units, storage_options=store.storage_options
+        checkpoint_dir, controller=controller, parts=units, storage_options=any_store.storage_options
     )
     assert metadata == {"step": 5}
     assert (controller.produced, controller.step) == ({1, 2}, 5)

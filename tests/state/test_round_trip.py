@@ -32,21 +32,24 @@ def saved_units() -> list[Unit]:
     return [Unit({index: f"value {index}", 100 + index: list(range(index))}) for index in range(4)]
 
 
-def test_several_components_and_metadata_round_trip(store: Store) -> None:
-    checkpoint_dir = store.uri("ckpt")
+def test_several_components_and_metadata_round_trip(any_store: Store) -> None:
+    checkpoint_dir = any_store.uri("ckpt")
     controller = Controller({1, 2, 3}, step=1000)
     save_checkpoint(
         checkpoint_dir,
         controller=controller,
         parts=saved_units(),
         metadata={"step": 1000, "note": "résumé", "nested": {"lr": 0.1}},
-        storage_options=store.storage_options,
+        storage_options=any_store.storage_options,
     )
 
     restored_controller = Controller()
     restored = [Unit() for _ in range(4)]
     metadata = load_checkpoint(
-        checkpoint_dir, controller=restored_controller, parts=restored, storage_options=store.storage_options
+        checkpoint_dir,
+        controller=restored_controller,
+        parts=restored,
+        storage_options=any_store.storage_options,
     )
 
     assert metadata == {"step": 1000, "note": "résumé", "nested": {"lr": 0.1}}
@@ -96,15 +99,15 @@ def test_loading_where_nothing_was_saved_is_file_not_found(store: Store) -> None
         )
 
 
-def test_a_save_that_never_committed_is_not_loadable(store: Store) -> None:
-    checkpoint_dir = store.uri("ckpt")
-    version = begin(checkpoint_dir, storage_options=store.storage_options)
+def test_a_save_that_never_committed_is_not_loadable(any_store: Store) -> None:
+    checkpoint_dir = any_store.uri("ckpt")
+    version = begin(checkpoint_dir, storage_options=any_store.storage_options)
     write_part(
-        checkpoint_dir, 0, Unit({0: "orphan"}), version_id=version, storage_options=store.storage_options
+        checkpoint_dir, 0, Unit({0: "orphan"}), version_id=version, storage_options=any_store.storage_options
     )
     with pytest.raises(CheckpointNotFoundError, match="none was ever committed"):
         load_checkpoint(
-            checkpoint_dir, controller=None, parts=[Unit()], storage_options=store.storage_options
+            checkpoint_dir, controller=None, parts=[Unit()], storage_options=any_store.storage_options
         )
 
 
@@ -158,17 +161,20 @@ def test_an_object_without_the_component_protocol_is_a_type_error(local_store: S
         save_checkpoint(local_store.uri("ckpt"), controller=None, parts=[Unit(), {"a": 1}])  # type: ignore[list-item]
 
 
-def test_a_part_stored_as_raw_bytes_is_read_back_as_bytes(store: Store) -> None:
-    checkpoint_dir = store.uri("ckpt")
-    version = begin(checkpoint_dir, storage_options=store.storage_options)
-    write_part(checkpoint_dir, 0, b"\x00raw part", version_id=version, storage_options=store.storage_options)
-    commit(checkpoint_dir, version, world_size=1, storage_options=store.storage_options, timeout=30)
+def test_a_part_stored_as_raw_bytes_is_read_back_as_bytes(any_store: Store) -> None:
+    checkpoint_dir = any_store.uri("ckpt")
+    version = begin(checkpoint_dir, storage_options=any_store.storage_options)
+    write_part(
+        checkpoint_dir, 0, b"\x00raw part", version_id=version, storage_options=any_store.storage_options
+    )
+    commit(checkpoint_dir, version, world_size=1, storage_options=any_store.storage_options, timeout=30)
     assert (
-        read_part(checkpoint_dir, 0, world_size=1, storage_options=store.storage_options) == b"\x00raw part"
+        read_part(checkpoint_dir, 0, world_size=1, storage_options=any_store.storage_options)
+        == b"\x00raw part"
     )
     with pytest.raises(InvalidCheckpointInputError, match="saved as 'bytes'"):
         load_checkpoint(
-            checkpoint_dir, controller=None, parts=[Unit()], storage_options=store.storage_options
+            checkpoint_dir, controller=None, parts=[Unit()], storage_options=any_store.storage_options
         )
 
 
@@ -181,17 +187,19 @@ def test_verify_reads_every_part_without_restoring_anything(store: Store) -> Non
     assert verify_checkpoint(checkpoint_dir, read_parts=False, storage_options=store.storage_options) == saved
 
 
-def test_saving_again_replaces_the_checkpoint_and_removes_the_old_version(store: Store) -> None:
-    checkpoint_dir = store.uri("ckpt")
+def test_saving_again_replaces_the_checkpoint_and_removes_the_old_version(any_store: Store) -> None:
+    checkpoint_dir = any_store.uri("ckpt")
     first = save_checkpoint(
-        checkpoint_dir, controller=None, parts=[Unit({0: 1})], storage_options=store.storage_options
+        checkpoint_dir, controller=None, parts=[Unit({0: 1})], storage_options=any_store.storage_options
     )
     second = save_checkpoint(
-        checkpoint_dir, controller=None, parts=[Unit({0: 2})], storage_options=store.storage_options
+        checkpoint_dir, controller=None, parts=[Unit({0: 2})], storage_options=any_store.storage_options
     )
     restored = Unit()
-    load_checkpoint(checkpoint_dir, controller=None, parts=[restored], storage_options=store.storage_options)
+    load_checkpoint(
+        checkpoint_dir, controller=None, parts=[restored], storage_options=any_store.storage_options
+    )
     assert restored.data == {0: 2}
-    listed = backend_for(checkpoint_dir, store.storage_options).list_prefix(checkpoint_dir)
+    listed = backend_for(checkpoint_dir, any_store.storage_options).list_prefix(checkpoint_dir)
     assert not any(first.version_id in uri for uri in listed)
     assert any(second.version_id in uri for uri in listed)

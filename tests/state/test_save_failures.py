@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint import CheckpointError, CheckpointPermissionError
-from flyte_checkpoint.state import api, load_checkpoint, save_checkpoint
-from flyte_checkpoint.state.commit import read_pointer
+from flyte_checkpoint.state import load_checkpoint, parts, save_checkpoint
 from flyte_checkpoint.state.components import Payload
 from flyte_checkpoint.state.layout import Layout
 from flyte_checkpoint.state.objects import Written, write_object
+from flyte_checkpoint.state.pointer import read_pointer
 from flyte_checkpoint.storage import Backend
 from tests.state.conftest import Store
 from tests.state.workers import Unit
@@ -64,24 +64,27 @@ def test_a_component_whose_state_dict_raises_fails_the_save_naming_its_position_
 
 
 def test_a_part_whose_write_fails_fails_the_save_naming_it_and_keeping_the_error_type(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    checkpoint_dir, previous = save_previous(store)
+    checkpoint_dir, previous = save_previous(any_store)
 
     def write_refused_for_part_2(backend: Backend, uri: str, payload: Payload) -> Written:
         if uri.endswith("part-00002.bin"):
             raise CheckpointPermissionError(f"permission denied saving {uri}")
         return write_object(backend, uri, payload)
 
-    monkeypatch.setattr(api, "write_object", write_refused_for_part_2)
-    with pytest.raises(CheckpointPermissionError, match=r"^part 2 failed: .*nothing was saved"):
+    monkeypatch.setattr(parts, "write_object", write_refused_for_part_2)
+    with pytest.raises(CheckpointPermissionError, match=r"^permission denied saving .*part-00002") as caught:
         save_checkpoint(
             checkpoint_dir,
             controller=None,
             parts=[Unit({0: "new"}), Unit({1: "new"}), Unit({2: "new"})],
-            storage_options=store.storage_options,
+            storage_options=any_store.storage_options,
         )
-    assert_only_the_previous_is_there(store, checkpoint_dir, previous)
+    assert getattr(caught.value, "__notes__", None) == [
+        "part 2 failed; nothing was saved; the previous checkpoint is unchanged"
+    ]
+    assert_only_the_previous_is_there(any_store, checkpoint_dir, previous)
 
 
 def test_a_part_whose_write_hangs_fails_the_save_at_its_timeout(
@@ -95,7 +98,7 @@ def test_a_part_whose_write_hangs_fails_the_save_at_its_timeout(
             release.wait(10)
         return write_object(backend, uri, payload)
 
-    monkeypatch.setattr(api, "write_object", write_stuck_for_part_1)
+    monkeypatch.setattr(parts, "write_object", write_stuck_for_part_1)
     started = time.monotonic()
     try:
         with pytest.raises(CheckpointError, match=r"did not finish within 0\.5 s \(part 1 still running\)"):

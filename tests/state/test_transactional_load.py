@@ -53,16 +53,19 @@ def replace_object(store: Store, checkpoint_dir: str, manifest: Manifest, positi
         writer.write(data)
 
 
-def test_a_damaged_last_part_fails_the_load_before_any_component_changes(store: Store) -> None:
-    checkpoint_dir, manifest = save_saved_state(store, Unit({3: "saved"}))
-    replace_object(store, checkpoint_dir, manifest, 3, b"\x80\x05not the saved state")
+def test_a_damaged_last_part_fails_the_load_before_any_component_changes(any_store: Store) -> None:
+    checkpoint_dir, manifest = save_saved_state(any_store, Unit({3: "saved"}))
+    replace_object(any_store, checkpoint_dir, manifest, 3, b"\x80\x05not the saved state")
     controller, parts = running_system()
     last = Unit({3: "live"})
     before = snapshot(controller, [*parts, last])
 
     with pytest.raises(CheckpointCorruptError, match=r"part 3 is damaged"):
         load_checkpoint(
-            checkpoint_dir, controller=controller, parts=[*parts, last], storage_options=store.storage_options
+            checkpoint_dir,
+            controller=controller,
+            parts=[*parts, last],
+            storage_options=any_store.storage_options,
         )
     assert snapshot(controller, [*parts, last]) == before
 
@@ -97,8 +100,8 @@ def test_a_last_part_that_cannot_be_decoded_fails_the_load_before_any_component_
     assert snapshot(controller, [*parts, last]) == before
 
 
-def test_a_last_part_that_fails_to_apply_rolls_every_component_back(store: Store) -> None:
-    checkpoint_dir, _ = save_saved_state(store, Unit({3: "saved"}))
+def test_a_last_part_that_fails_to_apply_rolls_every_component_back(any_store: Store) -> None:
+    checkpoint_dir, _ = save_saved_state(any_store, Unit({3: "saved"}))
     controller, parts = running_system()
     last = BrokenOnLoad({3: "live"})
     before = snapshot(controller, [*parts, last])
@@ -109,7 +112,10 @@ def test_a_last_part_that_fails_to_apply_rolls_every_component_back(store: Store
         r"every component was rolled back",
     ):
         load_checkpoint(
-            checkpoint_dir, controller=controller, parts=[*parts, last], storage_options=store.storage_options
+            checkpoint_dir,
+            controller=controller,
+            parts=[*parts, last],
+            storage_options=any_store.storage_options,
         )
     # The controller and parts 0-2 had been applied, and part 3 half-applied, before the failure.
     assert snapshot(controller, [*parts, last]) == before
