@@ -7,6 +7,8 @@ written against plain Python exceptions keeps working.
 
 from __future__ import annotations
 
+import sys
+
 
 class CheckpointError(Exception):
     """Base class of every error raised by ``flyte_checkpoint``."""
@@ -81,3 +83,21 @@ class BackendNotInstalledError(CheckpointError, ImportError):
 
 class ConfigurationError(CheckpointError, ValueError):
     """Required configuration (such as ``run_base_dir``) is missing or invalid."""
+
+
+def add_context(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc`` without re-creating it (its class and attributes stay).
+
+    ``exc.add_note`` on Python 3.11+, which tracebacks print; on 3.10 the note is kept in the
+    same ``__notes__`` list, which :func:`describe_error` reads.
+    """
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - exercised by the 3.10 CI job
+        setattr(exc, "__notes__", [*getattr(exc, "__notes__", ()), note])  # noqa: B010
+
+
+def describe_error(exc: BaseException) -> str:
+    """``str(exc)`` followed by its notes: the one line a command prints for an error."""
+    notes = [str(note) for note in getattr(exc, "__notes__", ())]
+    return "; ".join([str(exc), *notes])

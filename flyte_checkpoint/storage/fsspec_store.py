@@ -19,11 +19,13 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
 from flyte_checkpoint.errors import BackendNotInstalledError
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.storage.base import (
     DIGEST_KEY,
     FORMAT_KEY,
@@ -119,8 +121,10 @@ class FsspecWriter(ObjectWriter):
         metadata: Mapping[str, str],
         *,
         growing_parts: bool = False,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
     ) -> None:
-        super().__init__(uri)
+        super().__init__(uri, progress=progress, gate=gate)
         self.metadata.update(metadata)
         self._scheme = scheme_of(uri)
         self._handle = handle
@@ -195,6 +199,8 @@ class FsspecBackend(Backend):
         *,
         declared_digest: str | None = None,
         declared_size: int | None = None,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
     ) -> ObjectWriter:
         at_open = dict(metadata)
         if declared_digest is not None and declared_size is not None:
@@ -213,11 +219,13 @@ class FsspecBackend(Backend):
             and declared_size is None
             and not getattr(self.fs, "fixed_upload_size", False)
         )
-        writer = FsspecWriter(uri, handle, self.profile, metadata, growing_parts=growing)
+        writer = FsspecWriter(
+            uri, handle, self.profile, metadata, growing_parts=growing, progress=progress, gate=gate
+        )
         writer.declare(declared_digest, declared_size)
         return writer
 
-    def open_read(self, uri: str) -> VerifyingReader | None:
+    def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
         opened = self._open_stream(uri)
         if opened is None:
             return None
@@ -227,6 +235,7 @@ class FsspecBackend(Backend):
             info,
             changed_since=self._change_detector(uri, info),
             translate_errors=lambda: self._errors(uri, "loading"),
+            progress=progress,
         )
 
     def _open_stream(self, uri: str) -> tuple[IO[bytes], ObjectInfo] | None:

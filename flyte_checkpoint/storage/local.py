@@ -17,6 +17,7 @@ from typing import cast
 
 from flyte_checkpoint.errors import CheckpointStorageError
 from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.storage.base import (
     COPY_CHUNK,
     DIGEST_KEY,
@@ -110,8 +111,17 @@ class LocalWriter(ObjectWriter):
     object torn, which the recorded size and digest then report as corrupt on load.
     """
 
-    def __init__(self, uri: str, dest: Path, metadata: Mapping[str, str], *, fsync: bool) -> None:
-        super().__init__(uri)
+    def __init__(
+        self,
+        uri: str,
+        dest: Path,
+        metadata: Mapping[str, str],
+        *,
+        fsync: bool,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
+    ) -> None:
+        super().__init__(uri, progress=progress, gate=gate)
         self.metadata.update(metadata)
         self._dest = dest
         self._fsync = fsync
@@ -155,7 +165,7 @@ class LocalWriter(ObjectWriter):
         with translated_os_errors(self.uri, "saving"):
             self._file.flush()
             start, dest_start = file_source.tell(), self._size
-            copy = KernelCopy(source_fd, start, self._fd, dest_start, self.gate.wait if self.gate else None)
+            copy = KernelCopy(source_fd, start, self._fd, dest_start, self._gate.wait if self._gate else None)
             if not copy.start():
                 return super().write_from(source, chunk_size)
             view = memoryview(bytearray(chunk_size))
@@ -274,12 +284,14 @@ class LocalBackend(Backend):
         *,
         declared_digest: str | None = None,
         declared_size: int | None = None,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
     ) -> ObjectWriter:
-        writer = LocalWriter(uri, local_path(uri), metadata, fsync=self.fsync)
+        writer = LocalWriter(uri, local_path(uri), metadata, fsync=self.fsync, progress=progress, gate=gate)
         writer.declare(declared_digest, declared_size)
         return writer
 
-    def open_read(self, uri: str) -> VerifyingReader | None:
+    def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
         path = local_path(uri)
         with translated_os_errors(uri, "loading"):
             try:
@@ -292,7 +304,7 @@ class LocalBackend(Backend):
             if info is None:
                 stream.close()
                 raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-        return VerifyingReader(stream, info)
+        return VerifyingReader(stream, info, progress=progress)
 
     def info(self, uri: str) -> ObjectInfo | None:
         path = local_path(uri)

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flyte_checkpoint.errors import CheckpointUnavailableError
+from flyte_checkpoint.errors import CheckpointUnavailableError, add_context
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -46,16 +46,18 @@ class RetryPolicy(BaseModel):
         describe: str,
         sleep: Callable[[float], None] = time.sleep,
     ) -> T:
-        """Run ``operation``, retrying transient failures; the last one is raised with a count."""
+        """Run ``operation``, retrying transient failures; the last one is raised with a note of the count."""
         for attempt in range(1, self.attempts + 1):
             try:
                 return operation()
             except CheckpointUnavailableError as exc:
                 if attempt == self.attempts:
-                    raise CheckpointUnavailableError(
-                        f"{exc} (gave up {describe} after {attempt} attempts; the checkpoint may "
-                        "still exist — check the storage endpoint and network, then retry)"
-                    ) from exc
+                    add_context(
+                        exc,
+                        f"gave up {describe} after {attempt} attempts; the checkpoint may still "
+                        "exist — check the storage endpoint and network, then retry",
+                    )
+                    raise
                 wait = self.delay(attempt)
                 logger.debug(
                     "%s failed (%s); retry %d of %d in %.2f s",
@@ -67,6 +69,3 @@ class RetryPolicy(BaseModel):
                 )
                 sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-NO_RETRY = RetryPolicy(attempts=1)

@@ -64,9 +64,9 @@ def break_reads(monkeypatch: pytest.MonkeyPatch, backend: Backend, failures: int
     original = backend.open_read
     counter = Flaky(failures, CheckpointUnavailableError("connection reset by peer"))
 
-    def flaky_open(uri: str) -> Any:
+    def flaky_open(uri: str, **options: Any) -> Any:
         counter()
-        return original(uri)
+        return original(uri, **options)
 
     monkeypatch.setattr(backend, "open_read", flaky_open)
     return counter
