@@ -227,8 +227,9 @@ def _unpack(reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Pa
     except CheckpointCorruptError as exc:
         add_context(
             exc,
-            f"cannot restore checkpoint {reader.info.uri}: the object is damaged or unsafe, so "
-            "nothing was restored (delete it or point the source at a sound one)",
+            "the object is damaged or unsafe, so nothing was restored (delete it or point the "
+            "source at a sound one)",
+            uri=reader.info.uri,
         )
         raise
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreProfile
+from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS
 
 PROFILE = StoreProfile(
     implementation="adlfs:AzureBlobFileSystem",
@@ -17,7 +18,7 @@ PROFILE = StoreProfile(
     defaults={"connection_timeout": 10, "read_timeout": 120},
     # adlfs applies its timeouts to a few calls only and keeps the SDK's retry policy (15 s
     # first back-off), so the client is rebuilt with these bounds: see bound_azure_client.
-    own_options={"retry_total": 3, "retry_backoff": 1.0},
+    own_options={"retry_total": REQUEST_ATTEMPTS - 1, "retry_backoff": 1.0},
 )
 
 

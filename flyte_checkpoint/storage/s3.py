@@ -13,6 +13,7 @@ from fsspec.asyn import sync
 from flyte_checkpoint.storage.base import ObjectInfo
 from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreProfile, our_metadata
 from flyte_checkpoint.storage.remote_errors import classify
+from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -30,11 +31,12 @@ PROFILE = StoreProfile(
         "config_kwargs": {
             "connect_timeout": 10,
             "read_timeout": 120,
-            "retries": {"max_attempts": 3, "mode": "standard"},
+            "retries": {"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
         }
     },
-    # s3fs retries on top of botocore, and its constructor ignores ``retries=``.
-    own_options={"retries": 5},
+    # s3fs's own retry loop repeats botocore's: off (one try), so the budget stays where
+    # storage/retry.py says. Set on the instance: its constructor ignores ``retries=``.
+    own_options={"retries": 1},
     max_parts=10_000,
 )
 
@@ -127,7 +129,7 @@ class StreamedS3Object(io.RawIOBase):
             except Exception as exc:
                 await self._drop_body()
                 failures += 1
-                if classify(exc) != "transient" or failures > int(getattr(self._fs, "retries", 5)):
+                if classify(exc) != "transient" or failures >= REQUEST_ATTEMPTS:
                     raise
                 await asyncio.sleep(min(0.1 * 2 ** (failures - 1), 2.0))
                 continue

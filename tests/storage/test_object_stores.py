@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -336,3 +337,23 @@ def test_the_backends_own_environment_variables_configure_it(remote: Remote) -> 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "configured by environment"
+
+
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_an_upload_that_cannot_be_aborted_is_logged_with_its_uri(
+    remote: Remote, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = remote.uri("stuck")
+    backend = backend_for(uri, remote.storage_options)
+    writer = backend.open_write(uri, {})
+    writer.write(b"half a checkpoint")
+
+    def refuse() -> None:  # fault injection: the store cannot be reached to abort
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(writer._handle, "discard", refuse)  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="flyte_checkpoint"):
+        writer.abort()
+    assert [record.levelno for record in caplog.records] == [logging.WARNING]
+    assert uri in caplog.text
+    assert backend.info(uri) is None  # nothing was published
