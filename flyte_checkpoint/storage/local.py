@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import logging
 import os
 import shutil
 import stat
@@ -33,6 +34,8 @@ from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.kernel_copy import KernelCopy, regular_file_descriptor
 from flyte_checkpoint.storage.retire import RETIRED_SUFFIX, release, retire
 from flyte_checkpoint.uris import local_path
+
+logger = logging.getLogger("flyte_checkpoint")
 
 # Every record of an object in one extended attribute of at most 56 bytes, the space ext4 has
 # inside a 256-byte inode: a larger or second attribute takes a block of its own, whose
@@ -208,12 +211,24 @@ class LocalWriter(ObjectWriter):
             os.close(self._fd)
 
     def _abort(self) -> None:
-        with contextlib.suppress(OSError):
-            self._file.close()
-        with contextlib.suppress(OSError):
+        try:
+            self._file.close()  # what it still buffers goes with the temp file
+        except OSError as exc:
+            logger.debug("closing the discarded temp file %s failed: %r", self._temp, exc)
+        try:
             os.unlink(self._temp)
-        with contextlib.suppress(OSError):
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            # The save has failed already and that error is the one raised; a later process's
+            # first save to the same destination sweeps the file (_sweep_once): say where it is.
+            logger.warning(
+                "could not remove %s, the temp file of a failed save to %s: %r", self._temp, self.uri, exc
+            )
+        try:
             os.close(self._fd)
+        except OSError as exc:
+            logger.debug("closing the descriptor of %s failed: %r", self._temp, exc)
 
 
 def _make_directories(directory: Path) -> list[Path]:
