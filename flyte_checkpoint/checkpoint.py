@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import logging
 import os
 import stat
 import tempfile
@@ -32,8 +31,6 @@ from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import load_object, save_object
 from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
 from flyte_checkpoint.workspace import Workspace
-
-logger = logging.getLogger("flyte_checkpoint")
 
 CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
 """The key under which :attr:`TaskContext.checkpoint` caches its helper in ``TaskContext.data``."""
