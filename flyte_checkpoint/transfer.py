@@ -92,8 +92,11 @@ def _save_once(
     if content.is_dir():
         reporter = ProgressReporter(progress, None) if progress is not None else None
         writer = backend.open_write(uri, {FORMAT_KEY: "archive"}, progress=reporter, gate=gate)
-        stream = cast(IO[bytes], writer)
-        pack = lambda: archive.pack_directory(content, stream, level=level)  # noqa: E731
+        directory = content
+
+        def pack() -> None:
+            archive.pack_directory(directory, cast(IO[bytes], writer), level=level)
+
         return _committed(writer, pack, check_unchanged)
     with translated_os_errors(str(content), "reading"), open(content, "rb") as source:
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, source, progress=progress, gate=gate)
