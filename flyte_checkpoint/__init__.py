@@ -27,7 +27,6 @@ from flyte_checkpoint.errors import (
     UnsupportedURIError,
 )
 from flyte_checkpoint.latest import latest_checkpoint
-from flyte_checkpoint.restore import PAYLOAD_BASENAME
 from flyte_checkpoint.runners import (
     checkpoint_paths_for_run,
     load_and_run_task,
@@ -35,6 +34,7 @@ from flyte_checkpoint.runners import (
     run_with_retries,
     run_with_retries_async,
 )
+from flyte_checkpoint.transfer import PAYLOAD_BASENAME
 from flyte_checkpoint.uris import repair_prev_checkpoint_uri
 
 __version__ = "0.1.0"

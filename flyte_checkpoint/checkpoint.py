@@ -4,45 +4,34 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import logging
 import os
 import stat
 import tempfile
 import threading
-import time
 from pathlib import Path
 from types import TracebackType
-from typing import IO, cast
 
 from flyte_checkpoint import archive
-from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
+from flyte_checkpoint.archive import ExtractionLimits
 from flyte_checkpoint.background import BackgroundSaver
 from flyte_checkpoint.context import ctx
 from flyte_checkpoint.errors import (
-    CheckpointCorruptError,
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
     UnsupportedTypeError,
 )
-from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
-from flyte_checkpoint.restore import restore_object
+from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.snapshot import Snapshot, take_snapshot
 from flyte_checkpoint.storage import (
-    FORMAT_KEY,
-    SIZE_KEY,
     Backend,
-    ObjectWriter,
     StorageOptions,
     backend_for,
 )
-from flyte_checkpoint.storage.base import ReadsInto, read_chunks
-from flyte_checkpoint.storage.digests import ContentDigest, digest_of
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
+from flyte_checkpoint.transfer import load_object, save_object
 from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
 from flyte_checkpoint.workspace import Workspace
-
-logger = logging.getLogger("flyte_checkpoint")
 
 CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
 """The key under which :attr:`TaskContext.checkpoint` caches its helper in ``TaskContext.data``."""
@@ -87,6 +76,9 @@ class Checkpoint(BaseCheckpoint):
     resume from, :attr:`path` after restoring a directory archive, or ``path / "payload"`` after
     restoring a raw object. The first load fetches; later loads return the same result.
 
+    Use it as a context manager (``with`` or ``async with``) or call :meth:`close` /
+    :meth:`aclose` to finish background saves and remove the workspace.
+
     Every save is atomic: a concurrent or later reader sees the previous complete object or the
     new complete one. Loads verify what they read and raise :class:`CheckpointCorruptError` for
     damaged data and :class:`CheckpointUnavailableError` when storage cannot be reached, so a
@@ -106,8 +98,8 @@ class Checkpoint(BaseCheckpoint):
 
     def __init__(
         self,
-        checkpoint_dest: str,
-        checkpoint_src: str | None = None,
+        checkpoint_dest: str | os.PathLike[str],
+        checkpoint_src: str | os.PathLike[str] | None = None,
         *,
         storage_options: StorageOptions | None = None,
         compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL,
@@ -130,7 +122,7 @@ class Checkpoint(BaseCheckpoint):
             raise InvalidCheckpointInputError(
                 f"compression_level must be 0 (store) to 9, got {compression_level}"
             )
-        src = clean_uri(checkpoint_src)
+        src = clean_uri(os.fspath(checkpoint_src) if checkpoint_src is not None else None)
         if src is not None and repair_prev_uri and not is_local(src):
             run_name, action_name = _names_from_context(run_name, action_name)
             src = repair_prev_checkpoint_uri(src, run_name=run_name, action_name=action_name)
@@ -202,34 +194,15 @@ class Checkpoint(BaseCheckpoint):
         src, backend = self._src, self._src_backend
         if src is None or backend is None:
             return None
-        return self._retry.call(lambda: self._restore_once(src, backend, progress), describe=f"loading {src}")
-
-    def _restore_once(self, src: str, backend: Backend, progress: ProgressCallback | None) -> Path | None:
-        started = time.monotonic()
-        reader = backend.open_read(src)
-        if reader is None:
-            logger.info("no previous checkpoint at %s; starting fresh", src)
-            return None
-        with reader:
-            if reader.info.size == 0:
-                recorded = reader.info.metadata.get(SIZE_KEY, "0")
-                if recorded != "0":
-                    raise CheckpointCorruptError(
-                        f"checkpoint {src} is damaged: it is empty, but {recorded} bytes were written; "
-                        "delete it to start fresh or point the source at a sound copy"
-                    )
-                logger.info("previous checkpoint %s is empty; starting fresh", src)
-                return None
-            if progress is not None:
-                reader.progress = ProgressReporter(progress, reader.info.size)
-            self._workspace.clear()
-            try:
-                restored = restore_object(reader, self._workspace.path, limits=self._limits)
-            except BaseException:
-                self._workspace.clear()
-                raise
-        _log_transfer("loaded", src, "into " + str(restored), reader.info.size, started)
-        return restored
+        return load_object(
+            backend,
+            src,
+            self._workspace.path,
+            reset=self._workspace.clear,
+            limits=self._limits,
+            retry=self._retry,
+            progress=progress,
+        )
 
     # -- save --------------------------------------------------------------------------------
 
@@ -296,51 +269,18 @@ class Checkpoint(BaseCheckpoint):
         return self._saver
 
     def _upload(self, snapshot: Snapshot) -> None:
-        started = time.monotonic()
         with snapshot.errors_for_the_caller():
-            kind, size = self._retry.call(
-                lambda: self._upload_once(snapshot), describe=f"saving {self._dest}"
+            save_object(
+                self._dest_backend,
+                self._dest,
+                snapshot.data,
+                retry=self._retry,
+                compression_level=self._level,
+                progress=snapshot.progress,
+                gate=snapshot.gate,
+                check_unchanged=snapshot.verify_unchanged,
+                shown_as=snapshot.user_path,
             )
-        _log_transfer("saved", self._dest, kind, size, started)
-
-    def _open_writer(
-        self, kind: ObjectKind, snapshot: Snapshot, total: int | None, digest: str | None = None
-    ) -> ObjectWriter:
-        writer = self._dest_backend.open_write(
-            self._dest,
-            {FORMAT_KEY: kind},
-            declared_digest=digest,
-            declared_size=total if digest is not None else None,
-        )
-        if snapshot.progress is not None:
-            writer.progress = ProgressReporter(snapshot.progress, total)
-        writer.gate = snapshot.gate
-        return writer
-
-    def _upload_once(self, snapshot: Snapshot) -> tuple[str, int]:
-        content = snapshot.data
-        if isinstance(content, bytes):
-            declared = digest_of(content) if self._dest_backend.records_digest_only_when_declared else None
-            with self._open_writer("payload", snapshot, len(content), declared) as writer:
-                writer.write(content)
-            return "bytes", writer.tell()
-        if content.is_dir():
-            with self._open_writer("archive", snapshot, None) as writer:
-                archive.pack_directory(content, cast(IO[bytes], writer), level=self._level)
-                snapshot.verify_unchanged()  # before commit: a changed input aborts the upload
-            return f"directory {snapshot.user_path}", writer.tell()
-        with translated_os_errors(str(snapshot.user_path), "reading"), open(content, "rb") as source:
-            size = os.fstat(source.fileno()).st_size
-            digest: str | None = None
-            if self._dest_backend.records_digest_only_when_declared:
-                # S3 and GCS store metadata when the upload starts: hash first, so the digest
-                # can travel with the object (and a file rewritten meanwhile aborts the upload).
-                digest = _digest_of_stream(source)
-                source.seek(0)
-            with self._open_writer("payload", snapshot, size, digest) as writer:
-                writer.write_from(source)
-                snapshot.verify_unchanged()
-        return f"file {snapshot.user_path}", writer.tell()
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -354,6 +294,11 @@ class Checkpoint(BaseCheckpoint):
         finally:
             self._workspace.close()
 
+    async def aclose(self) -> None:
+        """Async :meth:`close`: waiting for background saves and removing the workspace run in a
+        thread, so the event loop never stalls."""
+        await asyncio.to_thread(self.close)
+
     def __enter__(self) -> Checkpoint:
         return self
 
@@ -364,6 +309,17 @@ class Checkpoint(BaseCheckpoint):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    async def __aenter__(self) -> Checkpoint:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     def __repr__(self) -> str:
         return f"Checkpoint(checkpoint_dest={self._dest!r}, checkpoint_src={self._src!r})"
@@ -403,19 +359,6 @@ def _validated(data: SaveData) -> bytes | Path:
             "or directory"
         )
     return path
-
-
-def _digest_of_stream(source: ReadsInto) -> str:
-    digest = ContentDigest()
-    for chunk in read_chunks(source):
-        digest.update(chunk)
-    return digest.value
-
-
-def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:
-    seconds = max(time.monotonic() - started, 1e-9)
-    mib = size / (1 << 20)
-    logger.info("%s %s %s: %.1f MiB in %.3f s (%.1f MiB/s)", verb, uri, what, mib, seconds, mib / seconds)
 
 
 def _names_from_context(run_name: str | None, action_name: str | None) -> tuple[str | None, str | None]:

@@ -13,7 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
+from flyte_checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    describe_error,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -218,10 +223,10 @@ def _verify(args: argparse.Namespace) -> int:
         with progress_bar("verifying", args.quiet) as progress:
             report = inspect_object(args.uri, storage_options=_options(args), verify=True, progress=progress)
     except CheckpointCorruptError as exc:
-        print(f"corrupt: {exc}", file=sys.stderr)
+        print(f"corrupt: {describe_error(exc)}", file=sys.stderr)
         return EXIT_FAILED
     except CheckpointError as exc:
-        print(f"unreadable: {exc}", file=sys.stderr)
+        print(f"unreadable: {describe_error(exc)}", file=sys.stderr)
         return EXIT_UNREADABLE
     if report.kind == "empty":
         print(f"absent: {args.uri} is empty, which means no checkpoint", file=sys.stderr)
@@ -321,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         else:
-            print(f"flyte-checkpoint: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"flyte-checkpoint: error: {type(exc).__name__}: {describe_error(exc)}", file=sys.stderr)
         if isinstance(exc, CheckpointNotFoundError) and args.command in ("inspect", "get"):
             return EXIT_UNREADABLE
         return EXIT_FAILED

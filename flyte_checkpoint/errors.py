@@ -7,9 +7,21 @@ written against plain Python exceptions keeps working.
 
 from __future__ import annotations
 
+import sys
+
 
 class CheckpointError(Exception):
     """Base class of every error raised by ``flyte_checkpoint``."""
+
+    uri: str | None = None
+    """The checkpoint the error is about, when a caller further up knew it (:func:`add_context`);
+    the message then names it."""
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        if self.uri is not None and self.uri not in message:
+            return f"checkpoint {self.uri}: {message}"
+        return message
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
@@ -81,3 +93,25 @@ class BackendNotInstalledError(CheckpointError, ImportError):
 
 class ConfigurationError(CheckpointError, ValueError):
     """Required configuration (such as ``run_base_dir``) is missing or invalid."""
+
+
+def add_context(exc: BaseException, note: str, *, uri: str | None = None) -> None:
+    """Add ``note`` (and the checkpoint's ``uri``) to ``exc`` without re-creating it: its class,
+    attributes and traceback stay.
+
+    The note goes through ``exc.add_note`` on Python 3.11+, which tracebacks print; on 3.10 it
+    is kept in the same ``__notes__`` list, which :func:`describe_error` reads. ``uri`` is set as
+    :attr:`CheckpointError.uri` (named in the message) unless the error already has one.
+    """
+    if uri is not None and isinstance(exc, CheckpointError) and exc.uri is None:
+        exc.uri = uri
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - exercised by the 3.10 CI job
+        setattr(exc, "__notes__", [*getattr(exc, "__notes__", ()), note])  # noqa: B010
+
+
+def describe_error(exc: BaseException) -> str:
+    """``str(exc)`` followed by its notes: the one line a command prints for an error."""
+    notes = [str(note) for note in getattr(exc, "__notes__", ())]
+    return "; ".join([str(exc), *notes])

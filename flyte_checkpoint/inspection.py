@@ -17,14 +17,13 @@ from flyte_checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
+    add_context,
 )
-from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
-from flyte_checkpoint.restore import classify, restore_object
-from flyte_checkpoint.storage import StorageOptions, backend_for
-from flyte_checkpoint.storage.base import VerifyingReader
+from flyte_checkpoint.progress import ProgressCallback
+from flyte_checkpoint.storage import COPY_CHUNK, StorageOptions, VerifyingReader, backend_for
 from flyte_checkpoint.storage.errors import translated_os_errors
-
-_CHUNK = 1 << 20
+from flyte_checkpoint.storage.retry import RetryPolicy
+from flyte_checkpoint.transfer import DEFAULT_RETRY, classify, holds_checkpoint, load_object, read_object
 
 
 class ObjectReport(BaseModel):
@@ -44,31 +43,23 @@ class ObjectReport(BaseModel):
     members: list[MemberInfo] | None = None
 
 
-def _open(
-    uri: str, storage_options: StorageOptions | None, progress: ProgressCallback | None
-) -> VerifyingReader:
-    reader = backend_for(uri, storage_options).open_read(uri)
-    if reader is None:
-        raise CheckpointNotFoundError(f"no checkpoint at {uri}")
-    if progress is not None:
-        reader.progress = ProgressReporter(progress, reader.info.size)
-    return reader
-
-
 def inspect_object(
     uri: str,
     *,
     storage_options: StorageOptions | None = None,
     verify: bool = False,
     progress: ProgressCallback | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> ObjectReport:
     """Describe the object at ``uri``; archives are listed from the stream, never extracted.
 
     Listing an archive reads it whole, which also runs its checks. With ``verify`` a payload is
-    read whole too. Raises :class:`CheckpointNotFoundError` when there is no object and
+    read whole too. Transient storage failures are retried within ``retry``. Raises
+    :class:`CheckpointNotFoundError` when there is no object and
     :class:`CheckpointCorruptError` when a check fails.
     """
-    with _open(uri, storage_options, progress) as reader:
+
+    def describe(reader: VerifyingReader) -> ObjectReport:
         info = reader.info
         report = ObjectReport(
             uri=uri,
@@ -78,7 +69,7 @@ def inspect_object(
             recorded_format=info.recorded_format,
             recorded_digest=info.recorded_digest,
         )
-        if info.size == 0:
+        if not holds_checkpoint(info):
             return report
         kind, compressed, stream = classify(reader)
         members = None
@@ -86,12 +77,19 @@ def inspect_object(
             if kind == "archive":
                 members = archive.list_members(stream, compressed=compressed)
             elif verify:
-                while stream.read(_CHUNK):
+                while stream.read(COPY_CHUNK):
                     pass
         except CheckpointCorruptError as exc:
-            raise type(exc)(f"checkpoint {uri} is damaged: {exc}") from exc
+            add_context(exc, "the object is damaged", uri=uri)
+            raise
         verified = True if reader.verified else None
         return report.model_copy(update={"kind": kind, "verified": verified, "members": members})
+
+    backend = backend_for(uri, storage_options)
+    report = read_object(backend, uri, describe, retry=retry, progress=progress)
+    if report is None:
+        raise CheckpointNotFoundError(f"no checkpoint at {uri}")
+    return report
 
 
 def restore_to(
@@ -102,12 +100,14 @@ def restore_to(
     force: bool = False,
     limits: ExtractionLimits | None = None,
     progress: ProgressCallback | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> Path:
     """What ``load`` does, into ``target``: the tree for an archive, ``target/payload`` otherwise.
 
     Refuses a non-empty ``target`` unless ``force``. The object is restored into a temporary
     directory beside ``target`` first and moved in only when it is complete and verified, so a
-    failure never leaves a half-restored tree in ``target``.
+    failure never leaves a half-restored tree in ``target``. Transient storage failures are
+    retried within ``retry``, as a task's load does.
     """
     target = target.absolute()
     if target.exists() and not target.is_dir():
@@ -119,11 +119,20 @@ def restore_to(
     with translated_os_errors(str(target), "restoring"):
         target.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".flyte-cp-get-", dir=target.parent))
+
+    def reset() -> None:
+        shutil.rmtree(staging)
+        staging.mkdir()
+
     try:
-        with _open(uri, storage_options, progress) as reader:
-            if reader.info.size == 0:
-                raise CheckpointNotFoundError(f"the object at {uri} is empty, which means no checkpoint")
-            restored = restore_object(reader, staging, limits=limits or ExtractionLimits())
+        backend = backend_for(uri, storage_options)
+        restored = load_object(
+            backend, uri, staging, reset=reset, limits=limits, retry=retry, progress=progress
+        )
+        if restored is None:
+            raise CheckpointNotFoundError(
+                f"no checkpoint at {uri} (there is no object, or an empty one, which means none)"
+            )
         with translated_os_errors(str(target), "restoring"):
             for entry in sorted(staging.iterdir()):
                 destination = target / entry.name

@@ -188,8 +188,7 @@ def test_an_upload_in_flight_holds_its_writes_while_the_caller_takes_the_next_sn
     writing, wrote = threading.Event(), threading.Event()
 
     def upload(snapshot: Snapshot) -> None:
-        writer = backend_for(target).open_write(target, {})
-        writer.gate = snapshot.gate
+        writer = backend_for(target).open_write(target, {}, gate=snapshot.gate)
         writing.set()
         writer.write(b"data")
         wrote.set()

@@ -453,3 +453,19 @@ def test_a_live_workspace_is_never_swept(tmp_path: Path, monkeypatch: pytest.Mon
             assert Path(str(second.path)) != workspace
             assert workspace.is_dir()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_async_with_closes_the_checkpoint_and_removes_its_workspace(tmp_path: Path) -> None:
+    async with Checkpoint(tmp_path / "obj") as cp:
+        await cp.save(b"async", background=True)
+        workspace = cp.path
+        assert workspace.is_dir()
+    assert not workspace.exists()
+    assert (tmp_path / "obj").read_bytes() == b"async"
+
+
+async def test_aclose_waits_for_a_background_save_off_the_event_loop(tmp_path: Path) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    await cp.save(b"in the background", background=True)
+    await cp.aclose()
+    assert (tmp_path / "obj").read_bytes() == b"in the background"

@@ -55,10 +55,16 @@ class Upstream(ThreadingHTTPServer):
         self.objects: dict[str, bytes] = {}
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
+        self.hung_up = threading.Event()
+        """Set once the server has closed a connection (its FIN is sent)."""
 
     @property
     def port(self) -> int:
         return int(self.socket.getsockname()[1])
+
+    def shutdown_request(self, request: socket.socket) -> None:  # type: ignore[override]
+        super().shutdown_request(request)
+        self.hung_up.set()
 
     def handle_error(self, request: object, client_address: object) -> None:
         # The proxy cuts connections on purpose; the resulting tracebacks are noise.
@@ -165,6 +171,22 @@ def upstream() -> Iterator[Upstream]:
         thread.join(5)
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``condition`` until it holds; fail the test if it does not within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def _queued(sock: socket.socket) -> int:
+    """Bytes received on ``sock`` and not yet read."""
+    try:
+        return len(sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return 0
+
+
 def _proxy_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("fault-proxy-")]
 
@@ -269,7 +291,8 @@ def test_an_upstream_that_hung_up_on_an_idle_connection_is_reconnected(
 ) -> None:
     conn = connect()
     assert _exchange(conn, "GET", "/then-hang-up/10") == (200, _pattern(10))
-    time.sleep(0.2)  # let the upstream's FIN arrive, as it would after an idle timeout
+    # The upstream closes the idle connection, as it would after an idle timeout.
+    assert upstream.hung_up.wait(5), "the upstream never closed the connection"
     assert _exchange(conn, "GET", "/bytes/10") == (200, _pattern(10))
 
     assert upstream.seen[0].peer_port != upstream.seen[1].peer_port
@@ -375,7 +398,8 @@ def test_drop_mid_response_with_reset_delivers_exactly_the_promised_bytes_then_a
         sock.settimeout(5)
         sock.connect(("127.0.0.1", proxy.port))
         sock.sendall(b"GET /bytes/4194304 HTTP/1.1\r\nHost: x\r\n\r\n")
-        time.sleep(0.2)
+        # Read only once the proxy has started the response and filled the receive window.
+        wait_until(lambda: [r.status for r in proxy.requests] == [200] and _queued(sock) > 0)
         # A FIN would end this loop normally and fail the test: the close must be a reset.
         with pytest.raises(ConnectionResetError):  # noqa: PT012
             while chunk := sock.recv(65536):

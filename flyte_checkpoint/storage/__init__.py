@@ -2,12 +2,14 @@
 
 This package knows nothing of archive formats. It offers, for any supported URI, an atomic
 writer (nothing is visible until commit), a streaming reader that verifies the recorded digest
-at end of stream, object info, and copy. Local paths use the OS directly; everything else goes
-through fsspec.
+at end of stream, object info, and copy. Local paths use the OS directly (:mod:`.local`); the
+object stores go through fsspec, one module per store (:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`)
+on what they share (:mod:`.fsspec_store`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -26,9 +28,17 @@ from flyte_checkpoint.storage.base import (
     copy_stream,
 )
 from flyte_checkpoint.storage.local import LocalBackend
-from flyte_checkpoint.uris import check_supported, is_local
+from flyte_checkpoint.uris import check_supported, is_local, scheme_of
 
 StorageOptions = Mapping[str, Any]
+
+STORES = {
+    **dict.fromkeys(("s3", "s3a"), "flyte_checkpoint.storage.s3:S3Backend"),
+    **dict.fromkeys(("gs", "gcs"), "flyte_checkpoint.storage.gcs:GCSBackend"),
+    **dict.fromkeys(("abfs", "abfss", "az"), "flyte_checkpoint.storage.azure:AzureBackend"),
+}
+"""The backend class for each object-store URI scheme, one module per store, imported on first
+use so that a local-only program never imports fsspec."""
 
 __all__ = [
     "COPY_CHUNK",
@@ -73,9 +83,11 @@ def backend_for(uri: str, storage_options: StorageOptions | None = None) -> Back
     check_supported(uri)
     if is_local(uri):
         return _LOCAL[local_fsync(storage_options)]
-    from flyte_checkpoint.storage.remote import FsspecBackend, backend_protocol
+    from flyte_checkpoint.storage.fsspec_store import FsspecBackend
 
-    return FsspecBackend(backend_protocol(uri), storage_options)
+    module_name, _, class_name = STORES[scheme_of(uri)].partition(":")
+    store: type[FsspecBackend] = getattr(importlib.import_module(module_name), class_name)
+    return store(storage_options)
 
 
 def copy_object(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import io
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -15,8 +16,8 @@ from typing import IO, Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointUnavailableError, InputChangedError
-from flyte_checkpoint.progress import ProgressReporter
-from flyte_checkpoint.storage.digests import ContentDigest
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
+from flyte_checkpoint.storage.digests import ContentDigest, digest_of
 
 # Metadata keys stored with every object this package writes. They let a reader verify the
 # bytes (digest, size) and know the format without guessing from the content.
@@ -24,9 +25,9 @@ FORMAT_KEY = "flyte_checkpoint_format"
 DIGEST_KEY = "flyte_checkpoint_digest"
 SIZE_KEY = "flyte_checkpoint_size"
 COPY_CHUNK = 1 << 20
-"""Bytes per read when streaming one object or file into another. Not more: on Linux 6.18 with
-ext4, writes of 4 MiB sent one run in three of a 512 MiB file save to 1.2 s of kernel time
-(allocating huge page-cache folios) instead of 0.2 s; 1 MiB writes never did, in the same runs."""
+"""Bytes per read when streaming one object or file into another: large enough that per-call
+overhead does not matter, small enough to be one cheap reused buffer. Larger writes gained
+nothing and made the kernel's page-cache allocation for them slower, not faster."""
 
 FSYNC_OPTION = "fsync"
 """Storage option (and, as ``FLYTE_CHECKPOINT_FSYNC``, environment variable) that makes local
@@ -78,14 +79,16 @@ class ObjectWriter(abc.ABC):
     (including ``KeyboardInterrupt``) aborts, and the previous object stays as it was.
     """
 
-    def __init__(self, uri: str) -> None:
+    def __init__(
+        self, uri: str, *, progress: ProgressReporter | None = None, gate: threading.Event | None = None
+    ) -> None:
         self.uri = uri
         self._digest = ContentDigest()
         self._size = 0
         self._finished = False
         self.metadata: dict[str, str] = {}
-        self.progress: ProgressReporter | None = None
-        self.gate: threading.Event | None = None
+        self._progress = progress
+        self._gate = gate
         """When given, every write first waits until it is set (a background save's pause)."""
         self._declared: tuple[str, int] | None = None
 
@@ -97,8 +100,8 @@ class ObjectWriter(abc.ABC):
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data`` to the pending object."""
-        if self.gate is not None:
-            self.gate.wait()
+        if self._gate is not None:
+            self._gate.wait()
         self._write(data)
         self._account(data)
         return len(data)
@@ -107,8 +110,8 @@ class ObjectWriter(abc.ABC):
         """Count ``data`` as written: digest, size, progress."""
         self._digest.update(data)
         self._size += len(data)
-        if self.progress is not None:
-            self.progress.advance(self._size)
+        if self._progress is not None:
+            self._progress.advance(self._size)
 
     def write_from(self, source: ReadsInto, chunk_size: int = COPY_CHUNK) -> int:
         """Append everything ``source`` holds from its position to its end; return the count.
@@ -149,8 +152,8 @@ class ObjectWriter(abc.ABC):
         except BaseException:
             self._abort()
             raise
-        if self.progress is not None:
-            self.progress.finish(self._size)
+        if self._progress is not None:
+            self._progress.finish(self._size)
         # Fields this class built itself: no validation needed (it is a tenth of a 1 KiB save).
         return ObjectInfo.model_construct(uri=self.uri, size=self._size, metadata=dict(self.metadata))
 
@@ -198,6 +201,7 @@ class VerifyingReader(io.RawIOBase):
         *,
         changed_since: Callable[[], bool] | None = None,
         translate_errors: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        progress: ProgressCallback | None = None,
     ) -> None:
         super().__init__()
         self._changed_since = changed_since
@@ -208,7 +212,7 @@ class VerifyingReader(io.RawIOBase):
         self._digest = ContentDigest.like(recorded, where=f"checkpoint {info.uri}") if recorded else None
         self._size = 0
         self._verified = False
-        self.progress: ProgressReporter | None = None
+        self._progress = ProgressReporter(progress, info.size) if progress is not None else None
 
     def read(self, size: int = -1) -> bytes:
         with self._translate_errors():
@@ -235,12 +239,12 @@ class VerifyingReader(io.RawIOBase):
             self._size += len(data)
             if self._digest is not None:
                 self._digest.update(data)
-            if self.progress is not None:
-                self.progress.advance(self._size)
+            if self._progress is not None:
+                self._progress.advance(self._size)
         elif wanted:
             self._verify()
-            if self.progress is not None:
-                self.progress.finish(self._size)
+            if self._progress is not None:
+                self._progress.finish(self._size)
 
     def readall(self) -> bytes:
         chunks = []
@@ -303,16 +307,58 @@ class Backend(abc.ABC):
         *,
         declared_digest: str | None = None,
         declared_size: int | None = None,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
     ) -> ObjectWriter:
         """Start an atomic write of one object at ``uri``.
 
         ``declared_digest``/``declared_size``, when given, are the labelled digest and size the content
-        will have; the commit is refused if what was written differs.
+        will have; the commit is refused if what was written differs. ``progress`` is told the
+        bytes written; with ``gate``, every write first waits until it is set.
         """
 
+    def open_write_known(
+        self,
+        uri: str,
+        metadata: Mapping[str, str],
+        content: bytes | io.BufferedReader,
+        *,
+        progress: ProgressCallback | None = None,
+        gate: threading.Event | None = None,
+    ) -> ObjectWriter:
+        """Start an atomic write of ``content`` whose length is known: bytes, or a regular file
+        open for reading at its start (left at its start again).
+
+        Where the store keeps metadata only when an upload begins, the content is digested
+        first so the digest travels with the object, and the commit refuses content that
+        changed meanwhile (a file rewritten during the upload).
+        """
+        size = len(content) if isinstance(content, bytes) else os.fstat(content.fileno()).st_size
+        digest: str | None = None
+        if self.records_digest_only_when_declared:
+            if isinstance(content, bytes):
+                digest = digest_of(content)
+            else:
+                running = ContentDigest()
+                for chunk in read_chunks(content):
+                    running.update(chunk)
+                digest = running.value
+                content.seek(0)
+        return self.open_write(
+            uri,
+            metadata,
+            declared_digest=digest,
+            declared_size=size if digest is not None else None,
+            progress=ProgressReporter(progress, size) if progress is not None else None,
+            gate=gate,
+        )
+
     @abc.abstractmethod
-    def open_read(self, uri: str) -> VerifyingReader | None:
-        """Open the object at ``uri`` for streaming, or ``None`` when there is none."""
+    def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
+        """Open the object at ``uri`` for streaming, or ``None`` when there is none.
+
+        ``progress(bytes_read, object_size)`` is called as the object is read.
+        """
 
     @abc.abstractmethod
     def info(self, uri: str) -> ObjectInfo | None:

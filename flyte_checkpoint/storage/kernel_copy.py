@@ -1,9 +1,9 @@
 """Copying a file into a local temp file inside the kernel, digesting what landed, in parallel.
 
 Reading a file into Python and writing it out again costs two copies through user memory, and
-on Linux 6.18 the buffered ``write`` path now and then spent a second of kernel time on one
-512 MiB save (allocating large page-cache folios), where ``copy_file_range`` -- what ``cp`` and
-the reference SDK use -- never did. So a worker thread copies with ``copy_file_range`` while the
+the buffered ``write`` path makes the kernel allocate page cache for data it then copies again;
+``copy_file_range`` -- what ``cp`` and the reference SDK use -- moves the data inside the kernel
+(or shares extents, on filesystems that can). So a worker thread copies with ``copy_file_range`` while the
 caller reads back each copied range from the page cache and digests it: the digest is of the
 bytes that were stored, and the two overlap on two cores.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import logging
 import os
 import shutil
 import stat
@@ -17,6 +18,7 @@ from typing import cast
 
 from flyte_checkpoint.errors import CheckpointStorageError
 from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.storage.base import (
     COPY_CHUNK,
     DIGEST_KEY,
@@ -32,6 +34,8 @@ from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.kernel_copy import KernelCopy, regular_file_descriptor
 from flyte_checkpoint.storage.retire import RETIRED_SUFFIX, release, retire
 from flyte_checkpoint.uris import local_path
+
+logger = logging.getLogger("flyte_checkpoint")
 
 # Every record of an object in one extended attribute of at most 56 bytes, the space ext4 has
 # inside a 256-byte inode: a larger or second attribute takes a block of its own, whose
@@ -110,8 +114,17 @@ class LocalWriter(ObjectWriter):
     object torn, which the recorded size and digest then report as corrupt on load.
     """
 
-    def __init__(self, uri: str, dest: Path, metadata: Mapping[str, str], *, fsync: bool) -> None:
-        super().__init__(uri)
+    def __init__(
+        self,
+        uri: str,
+        dest: Path,
+        metadata: Mapping[str, str],
+        *,
+        fsync: bool,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
+    ) -> None:
+        super().__init__(uri, progress=progress, gate=gate)
         self.metadata.update(metadata)
         self._dest = dest
         self._fsync = fsync
@@ -155,7 +168,7 @@ class LocalWriter(ObjectWriter):
         with translated_os_errors(self.uri, "saving"):
             self._file.flush()
             start, dest_start = file_source.tell(), self._size
-            copy = KernelCopy(source_fd, start, self._fd, dest_start, self.gate.wait if self.gate else None)
+            copy = KernelCopy(source_fd, start, self._fd, dest_start, self._gate.wait if self._gate else None)
             if not copy.start():
                 return super().write_from(source, chunk_size)
             view = memoryview(bytearray(chunk_size))
@@ -198,12 +211,24 @@ class LocalWriter(ObjectWriter):
             os.close(self._fd)
 
     def _abort(self) -> None:
-        with contextlib.suppress(OSError):
-            self._file.close()
-        with contextlib.suppress(OSError):
+        try:
+            self._file.close()  # what it still buffers goes with the temp file
+        except OSError as exc:
+            logger.debug("closing the discarded temp file %s failed: %r", self._temp, exc)
+        try:
             os.unlink(self._temp)
-        with contextlib.suppress(OSError):
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            # The save has failed already and that error is the one raised; a later process's
+            # first save to the same destination sweeps the file (_sweep_once): say where it is.
+            logger.warning(
+                "could not remove %s, the temp file of a failed save to %s: %r", self._temp, self.uri, exc
+            )
+        try:
             os.close(self._fd)
+        except OSError as exc:
+            logger.debug("closing the descriptor of %s failed: %r", self._temp, exc)
 
 
 def _make_directories(directory: Path) -> list[Path]:
@@ -274,12 +299,14 @@ class LocalBackend(Backend):
         *,
         declared_digest: str | None = None,
         declared_size: int | None = None,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
     ) -> ObjectWriter:
-        writer = LocalWriter(uri, local_path(uri), metadata, fsync=self.fsync)
+        writer = LocalWriter(uri, local_path(uri), metadata, fsync=self.fsync, progress=progress, gate=gate)
         writer.declare(declared_digest, declared_size)
         return writer
 
-    def open_read(self, uri: str) -> VerifyingReader | None:
+    def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
         path = local_path(uri)
         with translated_os_errors(uri, "loading"):
             try:
@@ -292,7 +319,7 @@ class LocalBackend(Backend):
             if info is None:
                 stream.close()
                 raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-        return VerifyingReader(stream, info)
+        return VerifyingReader(stream, info, progress=progress)
 
     def info(self, uri: str) -> ObjectInfo | None:
         path = local_path(uri)

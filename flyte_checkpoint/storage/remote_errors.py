@@ -130,12 +130,7 @@ def classify(exc: BaseException) -> Kind | None:
         status, code = _status_and_code(link)
         if name in _PERMISSION_TYPES or code in _PERMISSION_CODES or status in (401, 403):
             return "permission"
-        if name in _ABSENT_TYPES or code in (
-            "NoSuchKey",
-            "NoSuchBucket",
-            "ContainerNotFound",
-            "BlobNotFound",
-        ):
+        if name in _ABSENT_TYPES or code in _ABSENT_CODES:
             return "absent"
         if name in _TRANSIENT_TYPES or code in _TRANSIENT_CODES:
             return "transient"

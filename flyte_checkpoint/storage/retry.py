@@ -1,4 +1,23 @@
-"""Bounded retries with exponential backoff and full jitter, for transient storage failures."""
+"""Bounded retries with exponential backoff and full jitter, for transient storage failures.
+
+The retry budget, and where it lives. Retries happen at exactly two layers, each bounded:
+
+1. **One request**, inside the store's client: :data:`REQUEST_ATTEMPTS` tries of one HTTP
+   request -- botocore's ``max_attempts`` (standard mode), Azure's ``retry_total``
+   (``REQUEST_ATTEMPTS - 1`` retries), and the reopen of an S3 GET whose body broke off (botocore
+   does not retry a body once it is streaming). This layer retries without re-sending what a
+   multipart upload already sent. gcsfs retries with a fixed policy of its own that it offers no
+   switch for; it is the one exception.
+2. **One transfer**, in :mod:`flyte_checkpoint.transfer`: :class:`RetryPolicy` around a whole
+   save or load, the only layer that can start a stream over (an upload cannot be resumed, a
+   load whose object was replaced must be read again from its start).
+
+Nothing else retries: s3fs's own retry loop, which repeats botocore's, is off (its ``retries``
+is 1 unless a caller sets it). So a failing operation makes at most ``RetryPolicy.attempts x
+REQUEST_ATTEMPTS`` tries of the failing request (15 with the defaults), each bounded by the
+store's connect and read timeouts, with at most ``RetryPolicy.max_total_delay()`` seconds of
+back-off between transfers.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +29,14 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flyte_checkpoint.errors import CheckpointUnavailableError
+from flyte_checkpoint.errors import CheckpointUnavailableError, add_context
 
 logger = logging.getLogger("flyte_checkpoint")
 
 T = TypeVar("T")
+
+REQUEST_ATTEMPTS = 3
+"""Tries of one request inside a store's client, the first included (see the module docstring)."""
 
 
 class RetryPolicy(BaseModel):
@@ -22,7 +44,8 @@ class RetryPolicy(BaseModel):
 
     Only :class:`CheckpointUnavailableError` (connection refused or reset, timeouts, throttling,
     5xx) is retried; everything else fails at once. With the defaults a failing operation gives
-    up after 5 attempts and at most about 10 s of waiting.
+    up after 5 attempts and at most 3.75 s of waiting (:meth:`max_total_delay`). This is the
+    per-transfer layer of the one retry budget described at the top of this module.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -34,10 +57,16 @@ class RetryPolicy(BaseModel):
     max_delay: float = Field(default=4.0, ge=0)
     """Cap on any single wait, in seconds."""
 
+    def max_total_delay(self) -> float:
+        """The most a failing operation can spend waiting between its attempts, in seconds."""
+        return sum(self._bound(retry) for retry in range(1, self.attempts))
+
     def delay(self, retry: int) -> float:
         """A random wait for the ``retry``-th retry (1-based): full jitter below the doubled bound."""
-        bound = min(self.max_delay, self.initial_delay * (2 ** (retry - 1)))
-        return random.uniform(0, bound)
+        return random.uniform(0, self._bound(retry))
+
+    def _bound(self, retry: int) -> float:
+        return min(self.max_delay, self.initial_delay * 2.0 ** (retry - 1))
 
     def call(
         self,
@@ -46,16 +75,18 @@ class RetryPolicy(BaseModel):
         describe: str,
         sleep: Callable[[float], None] = time.sleep,
     ) -> T:
-        """Run ``operation``, retrying transient failures; the last one is raised with a count."""
+        """Run ``operation``, retrying transient failures; the last one is raised with a note of the count."""
         for attempt in range(1, self.attempts + 1):
             try:
                 return operation()
             except CheckpointUnavailableError as exc:
                 if attempt == self.attempts:
-                    raise CheckpointUnavailableError(
-                        f"{exc} (gave up {describe} after {attempt} attempts; the checkpoint may "
-                        "still exist — check the storage endpoint and network, then retry)"
-                    ) from exc
+                    add_context(
+                        exc,
+                        f"gave up {describe} after {attempt} attempts; the checkpoint may still "
+                        "exist — check the storage endpoint and network, then retry",
+                    )
+                    raise
                 wait = self.delay(attempt)
                 logger.debug(
                     "%s failed (%s); retry %d of %d in %.2f s",
@@ -67,6 +98,3 @@ class RetryPolicy(BaseModel):
                 )
                 sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-NO_RETRY = RetryPolicy(attempts=1)

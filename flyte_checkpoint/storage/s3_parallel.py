@@ -31,7 +31,7 @@ from flyte_checkpoint.storage.parallel import (
     RangeBody,
     TransferSettings,
 )
-from flyte_checkpoint.storage.remote import _s3_object_info
+from flyte_checkpoint.storage.s3 import object_info as _s3_object_info
 
 MIN_PART_SIZE = 5 << 20
 """S3 refuses parts below 5 MiB, except the last."""

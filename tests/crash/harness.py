@@ -59,7 +59,7 @@ def series_size(backend: str, kind: str) -> int:
     return (256 if slow else 24 if kind == "dir" else 20) * MiB
 
 
-PRELOAD = {"local": (), "s3": ("flyte_checkpoint.storage.remote", "s3fs")}
+PRELOAD = {"local": (), "s3": ("flyte_checkpoint.storage.s3", "s3fs")}
 """Modules the zygote imports before forking workers, per backend."""
 SPREAD = 1.2
 """Kills are spread from 0 to this multiple of a reference run's duration."""

@@ -10,14 +10,17 @@ GCS's time bound (``requests_timeout``, not retried) is covered by the stall tes
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointError, CheckpointUnavailableError
+from flyte_checkpoint.cli import main
 from flyte_checkpoint.storage.retry import RetryPolicy
 from tests.fault_proxy import FaultProxy, drop_mid_request, drop_mid_response, stall, status
 from tests.storage.conftest import Remote
@@ -82,6 +85,19 @@ def test_a_load_retries_through_503s_and_restores(remote: Remote, proxy: FaultPr
     restored = through_proxy(remote, proxy, "unused", "flaky-load").load_sync()
     assert restored is not None
     assert restored.read_bytes() == b"worth waiting for"
+
+
+def test_the_get_command_retries_through_a_503_and_restores(
+    remote: Remote, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    direct(remote, "flaky-get").save_sync(b"fetched by the command")
+    proxy.add_fault(status(503, retry_after=0), times=2, method="GET")
+    flags = []
+    for key, value in options_through(remote, proxy).items():
+        flags += ["-o", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    assert main(["get", *flags, remote.uri("flaky-get"), str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "payload").read_bytes() == b"fetched by the command"
+    assert sum(1 for r in proxy.requests if r.status == 503) == 2
 
 
 @pytest.mark.parametrize("remote", ["s3"], indirect=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -21,8 +23,8 @@ from flyte_checkpoint import (
     run_with_retries,
 )
 from flyte_checkpoint import archive as archive_module
-from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object
-from flyte_checkpoint.storage import remote as remote_module
+from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object, fsspec_store
+from flyte_checkpoint.storage import s3 as s3_store
 from tests.conftest import tree_of
 from tests.storage.conftest import Remote
 
@@ -103,9 +105,9 @@ def test_an_object_past_the_multipart_threshold_round_trips(remote: Remote, tmp_
 def test_s3_parts_that_grow_mid_upload_round_trip(
     remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote_module, "_PART_GROWTH", 2)  # parts of half the bytes written so far
+    monkeypatch.setattr(fsspec_store, "PART_GROWTH", 2)  # parts of half the bytes written so far
     backend = backend_for(remote.uri("growing"), remote.storage_options)
-    assert isinstance(backend, remote_module.FsspecBackend)
+    assert isinstance(backend, fsspec_store.FsspecBackend)
     fs = backend.fs
     call_s3, parts = fs.call_s3, []
 
@@ -128,18 +130,18 @@ def test_s3_parts_that_grow_mid_upload_round_trip(
 
 
 def test_s3_parts_stay_within_its_limits_up_to_its_largest_object() -> None:
-    profile = remote_module._PROFILES["s3"]
-    assert remote_module._part_size(profile, None, 0) == 8 << 20
+    profile = s3_store.PROFILE
+    assert fsspec_store.part_size(profile, None, 0) == 8 << 20
     sent = parts = 0
     while sent < 5 << 40:  # 5 TiB, S3's largest object, in parts of at most 5 GiB, at most 10,000
-        part = remote_module._part_size(profile, None, sent)
+        part = fsspec_store.part_size(profile, None, sent)
         assert part <= 5 << 30
         sent += part
         parts += 1
     assert parts <= 10_000
     # A known size fixes the part size up front: the smallest that fits in 10,000 parts.
-    assert remote_module._part_size(profile, 200 << 30, 0) == 21 << 20
-    assert remote_module._part_size(profile, 1 << 30, 0) == 8 << 20
+    assert fsspec_store.part_size(profile, 200 << 30, 0) == 21 << 20
+    assert fsspec_store.part_size(profile, 1 << 30, 0) == 8 << 20
 
 
 def test_checkpoints_built_with_the_same_options_share_one_client(remote: Remote) -> None:
@@ -152,8 +154,8 @@ def test_checkpoints_built_with_the_same_options_share_one_client(remote: Remote
     assert first.info(remote.uri("shared")) is None  # the first call builds the client
     assert options == given
     second = backend_for(remote.uri("shared"), options)
-    assert isinstance(first, remote_module.FsspecBackend)
-    assert isinstance(second, remote_module.FsspecBackend)
+    assert isinstance(first, fsspec_store.FsspecBackend)
+    assert isinstance(second, fsspec_store.FsspecBackend)
     assert second.fs is first.fs  # fsspec's instance cache hit: no second client and service model
 
 
@@ -164,13 +166,13 @@ def test_an_s3_load_cut_off_after_its_object_was_replaced_starts_over_and_loads_
     old, new = os.urandom(3 << 20), os.urandom(3 << 20)
     checkpoint(remote, "replaced").save_sync(old)
     streams: list[Any] = []
-    original_init = remote_module._StreamedS3Object.__init__
+    original_init = s3_store.StreamedS3Object.__init__
 
     def recording_init(self: Any, *args: Any) -> None:
         original_init(self, *args)
         streams.append(self)
 
-    monkeypatch.setattr(remote_module._StreamedS3Object, "__init__", recording_init)
+    monkeypatch.setattr(s3_store.StreamedS3Object, "__init__", recording_init)
     options = {**remote.storage_options, "retries": 1}
 
     def replace_and_cut_off(done: int, total: int | None) -> None:
@@ -302,8 +304,10 @@ def test_the_retry_runner_resumes_a_failing_task_from_the_store(remote: Remote) 
 
 
 def test_a_missing_backend_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, remote: Remote) -> None:
-    protocol = {"s3": "s3", "gcs": "gs", "azure": "abfs"}[remote.backend]
-    monkeypatch.setitem(remote_module.IMPLEMENTATIONS, protocol, "flyte_checkpoint_no_such_module:FileSystem")
+    store = type(backend_for(remote.uri("x"), remote.storage_options))
+    assert issubclass(store, fsspec_store.FsspecBackend)
+    missing = dataclasses.replace(store.profile, implementation="flyte_checkpoint_no_such_module:FileSystem")
+    monkeypatch.setattr(store, "profile", missing)
     extra = {"s3": "s3", "gcs": "gcs", "azure": "azure"}[remote.backend]
     with pytest.raises(BackendNotInstalledError, match=rf"pip install 'flyte-checkpoint\[{extra}\]'"):
         checkpoint(remote, "x")
@@ -333,3 +337,23 @@ def test_the_backends_own_environment_variables_configure_it(remote: Remote) -> 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "configured by environment"
+
+
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_an_upload_that_cannot_be_aborted_is_logged_with_its_uri(
+    remote: Remote, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = remote.uri("stuck")
+    backend = backend_for(uri, remote.storage_options)
+    writer = backend.open_write(uri, {})
+    writer.write(b"half a checkpoint")
+
+    def refuse() -> None:  # fault injection: the store cannot be reached to abort
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(writer._handle, "discard", refuse)  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="flyte_checkpoint"):
+        writer.abort()
+    assert [record.levelno for record in caplog.records] == [logging.WARNING]
+    assert uri in caplog.text
+    assert backend.info(uri) is None  # nothing was published

@@ -28,7 +28,7 @@ from flyte_checkpoint.storage.parallel import (
     TransferSettings,
     transfer_memory,
 )
-from flyte_checkpoint.storage.remote import FsspecBackend
+from flyte_checkpoint.storage.s3 import S3Backend
 from flyte_checkpoint.storage.s3_parallel import S3Object, open_s3_reader, open_s3_writer
 from tests.storage_servers import StorageServer, create_bucket
 
@@ -56,7 +56,7 @@ class Bucket:
 
 @pytest.fixture
 def bucket(s3_server: StorageServer) -> Bucket:
-    backend = FsspecBackend("s3", s3_server.storage_options)
+    backend = S3Backend(s3_server.storage_options)
     return Bucket(create_bucket(s3_server, "par"), backend.fs, s3_server)
 
 
@@ -414,12 +414,12 @@ _MEASURE = """
 import json, resource, sys
 from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.parallel import TransferSettings
-from flyte_checkpoint.storage.remote import FsspecBackend
+from flyte_checkpoint.storage.s3 import S3Backend
 from flyte_checkpoint.storage.s3_parallel import open_s3_reader, open_s3_writer
 
 options, uri, path, settings = json.loads(sys.argv[1])
 settings = TransferSettings(**settings)
-fs = FsspecBackend("s3", options).fs
+fs = S3Backend(options).fs
 
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointStorageError, CheckpointUnavailableError
+from flyte_checkpoint.errors import describe_error
 from flyte_checkpoint.storage.base import Backend
 from flyte_checkpoint.storage.retry import RetryPolicy
 
@@ -64,9 +65,9 @@ def break_reads(monkeypatch: pytest.MonkeyPatch, backend: Backend, failures: int
     original = backend.open_read
     counter = Flaky(failures, CheckpointUnavailableError("connection reset by peer"))
 
-    def flaky_open(uri: str) -> Any:
+    def flaky_open(uri: str, **options: Any) -> Any:
         counter()
-        return original(uri)
+        return original(uri, **options)
 
     monkeypatch.setattr(backend, "open_read", flaky_open)
     return counter
@@ -95,3 +96,18 @@ def test_a_load_that_never_reaches_storage_raises_instead_of_returning_none(
         cp.load_sync()
     assert counter.calls == 4
     assert list(cp.path.iterdir()) == []
+
+
+def test_giving_up_raises_the_last_error_itself_with_the_attempt_count_as_a_note() -> None:
+    class Throttled(CheckpointUnavailableError):
+        pass
+
+    last = Throttled("slow down")
+    with pytest.raises(Throttled) as caught:
+        FAST.call(Flaky(10, last), describe="saving x")
+    assert caught.value is last  # the class and the object stay; the count is context
+    assert "gave up saving x after 4 attempts" in describe_error(caught.value)
+
+
+def test_the_longest_back_off_of_the_default_policy_is_a_few_seconds() -> None:
+    assert RetryPolicy().max_total_delay() == 0.25 + 0.5 + 1 + 2

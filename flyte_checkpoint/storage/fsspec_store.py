@@ -1,0 +1,307 @@
+"""Object stores through fsspec (s3fs, gcsfs, adlfs): one streamed upload per object.
+
+What all three stores share lives here: :class:`StoreProfile` (what differs between them, as
+data), the option merging, :class:`FsspecWriter` and :class:`FsspecBackend`. Each store's own
+module (:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`) holds its profile and whatever it does
+differently, the way fsspec keeps one module per implementation.
+
+Atomicity: an object store publishes an object only when its single PUT, its multipart upload
+(S3), its resumable upload (GCS) or its block list (Azure) completes, which happens in
+``close()``. fsspec's ``__exit__`` and even garbage collection call ``close()``, completing the
+upload with whatever was written so far when a save fails half-way — so this module never uses
+``with`` for writes: a failure calls ``discard()`` (which aborts the multipart / resumable upload)
+and marks the file closed so nothing later can complete it. The previous object stays intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import IO, Any, ClassVar
+
+from flyte_checkpoint.errors import BackendNotInstalledError
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
+from flyte_checkpoint.storage.base import (
+    DIGEST_KEY,
+    FORMAT_KEY,
+    FSYNC_OPTION,
+    SIZE_KEY,
+    Backend,
+    ObjectInfo,
+    ObjectWriter,
+    VerifyingReader,
+)
+from flyte_checkpoint.storage.remote_errors import translated_backend_errors
+from flyte_checkpoint.uris import scheme_of
+
+logger = logging.getLogger("flyte_checkpoint")
+
+_OUR_KEYS = (FORMAT_KEY, DIGEST_KEY, SIZE_KEY)
+_MiB = 1 << 20
+PART_GROWTH = 1024
+"""An upload of unknown length makes each part at least 1/1024 of what was written before it:
+8 MiB parts up to 8 GiB, and S3's 5 TiB object limit in about 7,600 parts of at most 5 GiB
+(S3 allows 10,000; fixed 16 MiB parts stopped at 156 GiB, fixed 8 MiB parts would at 78 GiB)."""
+
+
+@dataclass(frozen=True)
+class StoreProfile:
+    """What differs between the three object stores, learnt against their real servers."""
+
+    implementation: str
+    """The fsspec class, ``"module:Class"``. Named, not looked up in fsspec's registry: other
+    libraries (the Flyte SDK's flyte.init() registers obstore) replace the registry's s3/gs/abfs
+    entries process-wide."""
+    extra: str
+    """The ``flyte-checkpoint[...]`` extra that installs the implementation."""
+    block_size: int
+    """Upload part size: S3 needs >= 5 MiB parts, GCS multiples of 256 KiB."""
+    metadata_argument: str
+    """The ``open(..., "wb")`` keyword that attaches user metadata to the new object."""
+    metadata_at_commit: bool
+    """Whether metadata can still be set when the upload completes (Azure's block list can)."""
+    server_side_copy: bool
+    """Whether ``fs.copy`` finishes the copy before returning (Azure's may still be pending)."""
+    defaults: Mapping[str, Any]
+    """Storage options applied unless the caller gives their own: time bounds on every call."""
+    own_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Options this package consumes itself (not passed to fsspec), with their defaults."""
+    max_parts: int | None = None
+    """The store's cap on parts per upload; with one, parts grow past ``block_size`` (:func:`part_size`)."""
+
+
+def part_size(profile: StoreProfile, expected: int | None, sent: int) -> int:
+    """The part size for an upload of ``expected`` bytes (``None``: unknown, ``sent`` so far)."""
+    if profile.max_parts is None:
+        return profile.block_size
+    wanted = -(-expected // profile.max_parts) if expected is not None else sent // PART_GROWTH
+    return max(profile.block_size, -(-wanted // _MiB) * _MiB)
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with its nested dicts copied; other objects (credentials, sessions) are shared."""
+    return {key: _copied(item) for key, item in value.items()} if isinstance(value, dict) else value
+
+
+def _merged_options(defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
+    # Deep copies: botocore's Config rewrites the ``retries`` dict it is given in place, which
+    # changed these defaults after the first client, so fsspec's instance cache (keyed on the
+    # options) missed and every later backend built a second client with its own parsed S3
+    # service model, about 15 MiB that the cache then kept for the life of the process.
+    options: dict[str, Any] = {key: _copied(value) for key, value in defaults.items()}
+    for key, value in (given or {}).items():
+        if isinstance(value, Mapping) and isinstance(options.get(key), dict):
+            options[key] = {**options[key], **_copied(dict(value))}
+        else:
+            options[key] = _copied(value)
+    # Listings cached by fsspec never see objects other processes write: always ask the store.
+    options.setdefault("use_listings_cache", False)
+    return options
+
+
+def our_metadata(raw: Mapping[str, Any]) -> dict[str, str]:
+    """This package's metadata keys from what a store reports (which may hyphenate them)."""
+    normalised = {key.lower().replace("-", "_"): str(value) for key, value in raw.items()}
+    return {key: value for key, value in normalised.items() if key in _OUR_KEYS}
+
+
+class FsspecWriter(ObjectWriter):
+    """A streamed upload that becomes an object only when :meth:`commit` completes it."""
+
+    def __init__(
+        self,
+        uri: str,
+        handle: Any,
+        profile: StoreProfile,
+        metadata: Mapping[str, str],
+        *,
+        growing_parts: bool = False,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
+    ) -> None:
+        super().__init__(uri, progress=progress, gate=gate)
+        self.metadata.update(metadata)
+        self._scheme = scheme_of(uri)
+        self._handle = handle
+        self._profile = profile
+        self._growing_parts = growing_parts
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._growing_parts:
+            # fsspec cuts a part whenever its buffer reaches ``blocksize``, read at each write.
+            self._handle.blocksize = part_size(self._profile, None, self._size)
+        with translated_backend_errors(self.uri, "saving", self._scheme):
+            self._handle.write(data)
+
+    def _commit(self) -> None:
+        if self._profile.metadata_at_commit:
+            # Azure sends these with the block list, in the same request that publishes the blob.
+            self._handle.metadata.update(self.metadata)
+        with translated_backend_errors(self.uri, "saving", self._scheme):
+            self._handle.close()
+
+    def _abort(self) -> None:
+        try:
+            self._handle.discard()
+        except Exception as exc:
+            # The save has already failed and that error is the one to raise; an upload left
+            # behind costs storage until the store's lifecycle rules reap it, so say where.
+            logger.warning("could not abort the unfinished upload to %s: %r", self.uri, exc)
+        finally:
+            # discard() leaves some backends' files open, and close() -- or garbage collection --
+            # of an open file would complete the upload: mark it closed so nothing can.
+            self._handle.closed = True
+
+
+class FsspecBackend(Backend):
+    """An object store reached through its fsspec implementation, with explicit options.
+
+    Subclasses (one per store) set :attr:`profile` and override what their store does
+    differently: :meth:`_configure`, :meth:`_open_stream`, :meth:`info`.
+    """
+
+    protocol: ClassVar[str]
+    profile: ClassVar[StoreProfile]
+
+    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.records_digest_only_when_declared = not self.profile.metadata_at_commit
+        options = _merged_options(self.profile.defaults, storage_options)
+        options.pop(FSYNC_OPTION, None)  # a local-disk option; uploads are durable once complete
+        own = {key: options.pop(key, default) for key, default in self.profile.own_options.items()}
+        if own != dict(self.profile.own_options):
+            # fsspec shares one instance per set of options, and these are set on the instance.
+            options["skip_instance_cache"] = True
+        try:
+            module_name, _, class_name = self.profile.implementation.partition(":")
+            self.fs = getattr(importlib.import_module(module_name), class_name)(**options)
+        except ImportError as exc:
+            raise BackendNotInstalledError(
+                f"{self.protocol}:// storage needs an fsspec backend that is not installed ({exc}); "
+                f"install it with: pip install 'flyte-checkpoint[{self.profile.extra}]'"
+            ) from exc
+        self._configure(options, own)
+
+    def _configure(self, options: Mapping[str, Any], own: Mapping[str, Any]) -> None:
+        """Apply :attr:`StoreProfile.own_options` to the new filesystem (nothing by default)."""
+
+    def _errors(self, uri: str, action: str) -> contextlib.AbstractContextManager[None]:
+        return translated_backend_errors(uri, action, scheme_of(uri))
+
+    def open_write(
+        self,
+        uri: str,
+        metadata: Mapping[str, str],
+        *,
+        declared_digest: str | None = None,
+        declared_size: int | None = None,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
+    ) -> ObjectWriter:
+        at_open = dict(metadata)
+        if declared_digest is not None and declared_size is not None:
+            at_open.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
+        with self._errors(uri, "saving"):
+            handle = self.fs.open(
+                uri,
+                "wb",
+                block_size=part_size(self.profile, declared_size, 0),
+                **{self.profile.metadata_argument: at_open},
+            )
+        # A known size fixes the part size up front; so does s3fs's ``fixed_upload_size`` (for
+        # stores such as R2 that want all parts but the last of one size).
+        growing = (
+            self.profile.max_parts is not None
+            and declared_size is None
+            and not getattr(self.fs, "fixed_upload_size", False)
+        )
+        writer = FsspecWriter(
+            uri, handle, self.profile, metadata, growing_parts=growing, progress=progress, gate=gate
+        )
+        writer.declare(declared_digest, declared_size)
+        return writer
+
+    def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
+        opened = self._open_stream(uri)
+        if opened is None:
+            return None
+        stream, info = opened
+        return VerifyingReader(
+            stream,
+            info,
+            changed_since=self._change_detector(uri, info),
+            translate_errors=lambda: self._errors(uri, "loading"),
+            progress=progress,
+        )
+
+    def _open_stream(self, uri: str) -> tuple[IO[bytes], ObjectInfo] | None:
+        """The object's bytes and description, or ``None`` when there is no object."""
+        info = self.info(uri)
+        if info is None:
+            return None
+        with self._errors(uri, "loading"):
+            try:
+                stream = self.fs.open(uri, "rb", block_size=self.profile.block_size, cache_type="readahead")
+            except FileNotFoundError:
+                return None
+        return stream, info
+
+    def _change_detector(self, uri: str, opened: ObjectInfo) -> Callable[[], bool]:
+        def changed() -> bool:
+            try:
+                now = self.info(uri)
+            except Exception as exc:
+                # Only asked to word a digest mismatch; unknown means "report the mismatch".
+                logger.debug("could not re-read %s to see whether it was replaced: %r", uri, exc)
+                return False
+            return now is None or now.version != opened.version
+
+        return changed
+
+    def info(self, uri: str) -> ObjectInfo | None:
+        with self._errors(uri, "inspecting"):
+            try:
+                details = self.fs.info(uri)
+            except FileNotFoundError:
+                return None
+        if details.get("type") == "directory":
+            return None
+        version = details.get("ETag") or details.get("generation") or details.get("etag")
+        modified = details.get("LastModified") or details.get("updated") or details.get("last_modified")
+        return ObjectInfo(
+            uri=uri,
+            size=int(details.get("size") or 0),
+            metadata=our_metadata(details.get("metadata") or {}),
+            version=str(version) if version is not None else None,
+            modified=modified if not isinstance(modified, str) else None,
+        )
+
+    def copy(self, src: str, dst: str) -> None:
+        if not self.profile.server_side_copy:
+            super().copy(src, dst)
+            return
+        with self._errors(dst, "copying"):
+            self.fs.copy(src, dst)  # CopyObject / rewrite: atomic at dst, keeps the metadata
+
+    def delete(self, uri: str) -> None:
+        with self._errors(uri, "deleting"), contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(uri)
+
+    def list_prefix(self, uri: str) -> list[str]:
+        with self._errors(uri, "listing"):
+            try:
+                found = self.fs.find(uri.rstrip("/") + "/")
+            except FileNotFoundError:
+                return []
+        return sorted(self.fs.unstrip_protocol(path) for path in found)
+
+    def delete_prefix(self, uri: str) -> None:
+        with self._errors(uri, "deleting"):
+            found = self.fs.find(uri.rstrip("/") + "/")
+            if found:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(found)  # batched: one request per 1000 objects on S3

@@ -1,0 +1,259 @@
+"""The one path by which a single checkpoint object is saved and loaded.
+
+Encoding (bytes, a file, or a directory packed as one streamed ``.tar.gz``) into an atomic
+:class:`~flyte_checkpoint.storage.ObjectWriter`, decoding (classify the object, unpack an archive
+or write a payload), the empty-object rule and the retries all live here, once.
+:class:`~flyte_checkpoint.Checkpoint`, :mod:`flyte_checkpoint.inspection` (and so the command
+line) and :mod:`flyte_checkpoint.state` use these functions, so how bytes move (a parallel
+transport, say) changes in :mod:`flyte_checkpoint.storage` only.
+
+Progress callbacks and a background save's pause gate are arguments here and to the backend,
+never attributes set on a writer or reader afterwards.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TypeVar, cast
+
+from flyte_checkpoint import archive
+from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
+from flyte_checkpoint.errors import CheckpointCorruptError, add_context
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
+from flyte_checkpoint.storage import FORMAT_KEY, SIZE_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
+from flyte_checkpoint.storage.base import COPY_CHUNK
+from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.storage.retry import RetryPolicy
+
+logger = logging.getLogger("flyte_checkpoint")
+
+T = TypeVar("T")
+
+PAYLOAD_BASENAME = "payload"
+"""The file name under the restore directory where a raw (non-archive) object is placed."""
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+# -- saving ----------------------------------------------------------------------------------
+
+
+def save_object(
+    backend: Backend,
+    uri: str,
+    content: bytes | Path,
+    *,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL,
+    progress: ProgressCallback | None = None,
+    gate: threading.Event | None = None,
+    check_unchanged: Callable[[], None] | None = None,
+    shown_as: Path | None = None,
+) -> ObjectInfo:
+    """Store ``content`` as the one object at ``uri``, atomically, retrying transient failures.
+
+    ``bytes`` become the object as they are, a file is uploaded as it is, a directory as one
+    ``.tar.gz`` of its immediate children, streamed. ``progress(bytes_written, total)`` is told
+    how far the upload got (``total`` is ``None`` for a directory); with ``gate`` every write
+    first waits until it is set. ``check_unchanged`` runs after the last byte is written and
+    before the commit: raising there discards the upload and keeps the previous object.
+    ``shown_as`` is the path that logs and errors name instead of ``content`` (the caller's own
+    path when ``content`` is a private snapshot of it).
+    """
+    started = time.monotonic()
+    if isinstance(content, bytes):
+        what = "bytes"
+    else:
+        what = f"{'directory' if content.is_dir() else 'file'} {shown_as or content}"
+
+    def once() -> ObjectInfo:
+        return _save_once(
+            backend, uri, content, compression_level, progress, gate, check_unchanged, shown_as or content
+        )
+
+    info = retry.call(once, describe=f"saving {uri}")
+    _log_transfer("saved", uri, what, info.size, started)
+    return info
+
+
+def _save_once(
+    backend: Backend,
+    uri: str,
+    content: bytes | Path,
+    level: int,
+    progress: ProgressCallback | None,
+    gate: threading.Event | None,
+    check_unchanged: Callable[[], None] | None,
+    shown_as: bytes | Path,
+) -> ObjectInfo:
+    if isinstance(content, bytes):
+        writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, content, progress=progress, gate=gate)
+        return _committed(writer, lambda: writer.write(content), check_unchanged)
+    if content.is_dir():
+        reporter = ProgressReporter(progress, None) if progress is not None else None
+        writer = backend.open_write(uri, {FORMAT_KEY: "archive"}, progress=reporter, gate=gate)
+        directory = content
+
+        def pack() -> None:
+            archive.pack_directory(directory, cast(IO[bytes], writer), level=level)
+
+        return _committed(writer, pack, check_unchanged)
+    with translated_os_errors(str(shown_as), "reading"), open(content, "rb") as source:
+        writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, source, progress=progress, gate=gate)
+        return _committed(writer, lambda: writer.write_from(source), check_unchanged)
+
+
+def _committed(
+    writer: ObjectWriter, fill: Callable[[], object], check_unchanged: Callable[[], None] | None
+) -> ObjectInfo:
+    """Fill ``writer``, check the input, commit; on any failure (interrupts too) abort instead."""
+    try:
+        fill()
+        if check_unchanged is not None:
+            check_unchanged()
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def holds_checkpoint(info: ObjectInfo) -> bool:
+    """The empty-object rule: an empty object means "no checkpoint", as in the reference SDK.
+
+    Raises :class:`CheckpointCorruptError` for an object that is empty although the bytes
+    recorded when it was written were not: it was damaged, not written empty.
+    """
+    if info.size:
+        return True
+    recorded = info.metadata.get(SIZE_KEY, "0")
+    if recorded != "0":
+        raise CheckpointCorruptError(
+            f"checkpoint {info.uri} is damaged: it is empty, but {recorded} bytes were written; "
+            "delete it to start fresh or point the source at a sound copy"
+        )
+    return False
+
+
+def read_object(
+    backend: Backend,
+    uri: str,
+    use: Callable[[VerifyingReader], T],
+    *,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    progress: ProgressCallback | None = None,
+) -> T | None:
+    """Open the object at ``uri`` and return ``use(reader)``; ``None`` when there is no object.
+
+    A transient failure anywhere (opening or in ``use``) starts the whole read over, within
+    ``retry``'s budget, so ``use`` must be restartable. ``progress(bytes_read, size)`` is told
+    how far the read got.
+    """
+
+    def once() -> T | None:
+        reader = backend.open_read(uri, progress=progress)
+        if reader is None:
+            return None
+        with reader:
+            return use(reader)
+
+    return retry.call(once, describe=f"loading {uri}")
+
+
+def load_object(
+    backend: Backend,
+    uri: str,
+    dest: Path,
+    *,
+    reset: Callable[[], None],
+    limits: ExtractionLimits | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    progress: ProgressCallback | None = None,
+) -> Path | None:
+    """Restore the object at ``uri`` into the directory ``dest``; ``None`` when there is none.
+
+    Returns ``dest`` for a directory archive and ``dest / "payload"`` for a raw object. An
+    absent or empty object (:func:`holds_checkpoint`) is "no checkpoint". ``reset()`` must empty
+    ``dest``: it runs before anything is written and after a failure, so a failed or retried
+    load leaves nothing behind. The object is read to its end, so its digest (and a gzip CRC)
+    is checked before this returns.
+    """
+    started = time.monotonic()
+    read: list[int] = []
+
+    def restore(reader: VerifyingReader) -> Path | None:
+        if not holds_checkpoint(reader.info):
+            return None
+        read[:] = [reader.info.size]
+        reset()
+        try:
+            return _unpack(reader, dest, limits or ExtractionLimits())
+        except BaseException:
+            reset()
+            raise
+
+    restored = read_object(backend, uri, restore, retry=retry, progress=progress)
+    if restored is None:
+        logger.info("no checkpoint at %s (no object, or an empty one); starting fresh", uri)
+        return None
+    _log_transfer("loaded", uri, f"into {restored}", read[0], started)
+    return restored
+
+
+def classify(reader: VerifyingReader) -> tuple[ObjectKind, bool, IO[bytes]]:
+    """The object's kind, whether it is gzipped, and the stream to read it from (from byte 0).
+
+    The format recorded at save time wins; objects without a record (written by other tools)
+    are recognised from their first bytes, as the reference SDK does.
+    """
+    recorded = reader.info.recorded_format
+    stream = cast(IO[bytes], reader)
+    if recorded == "archive":
+        return "archive", True, stream
+    if recorded == "payload":
+        return "payload", False, stream
+    head = reader.read(archive.SNIFF_BYTES)
+    kind, compressed = archive.sniff_kind(head)
+    return kind, compressed, cast(IO[bytes], io.BufferedReader(archive.PrefixedReader(head, stream)))
+
+
+def _unpack(reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Path:
+    kind, compressed, stream = classify(reader)
+    try:
+        if kind == "archive":
+            with translated_os_errors(str(dest), "restoring"):
+                archive.unpack_archive(stream, dest, compressed=compressed, limits=limits)
+            return dest
+        return _write_payload(stream, dest / PAYLOAD_BASENAME)
+    except CheckpointCorruptError as exc:
+        add_context(
+            exc,
+            "the object is damaged or unsafe, so nothing was restored (delete it or point the "
+            "source at a sound one)",
+            uri=reader.info.uri,
+        )
+        raise
+
+
+def _write_payload(stream: IO[bytes], target: Path) -> Path:
+    """Copy the whole stream to ``target`` via a temp name, so a failed read leaves no payload."""
+    partial = target.with_name(f".{target.name}.partial")
+    with translated_os_errors(str(partial), "restoring"), open(partial, "wb") as out:
+        while chunk := stream.read(COPY_CHUNK):
+            out.write(chunk)
+    os.replace(partial, target)
+    return target
+
+
+def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:
+    seconds = max(time.monotonic() - started, 1e-9)
+    mib = size / (1 << 20)
+    logger.info("%s %s %s: %.1f MiB in %.3f s (%.1f MiB/s)", verb, uri, what, mib, seconds, mib / seconds)
