@@ -1,0 +1,222 @@
+"""Safe extraction: PEP 706 ``data`` filter rules, applied by our own code on every Python."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tarfile
+from pathlib import Path
+from typing import IO
+
+from flyte_checkpoint.archive.compression import CHUNK, tar_stream
+from flyte_checkpoint.archive.limits import ExtractionLimits
+from flyte_checkpoint.archive.links import link_resolution_problem, link_target_problem
+from flyte_checkpoint.archive.tar_headers import FILE_TYPES, Entry, TarReader
+from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError, UnsafeArchiveError
+
+
+def unpack_archive(
+    source: IO[bytes],
+    dest: Path,
+    *,
+    compressed: bool = True,
+    limits: ExtractionLimits | None = None,
+) -> None:
+    """Extract the tar stream ``source`` (gzipped when ``compressed``) into the directory ``dest``.
+
+    Reads ``source`` to its very end, so the gzip CRC and length are checked after the last
+    member. Raises :class:`CheckpointCorruptError` for a damaged stream (including one that ends
+    before its end-of-archive block), :class:`UnsafeArchiveError` for a member that would leave
+    ``dest`` or may not be restored, and :class:`ArchiveLimitError` past ``limits``; on error,
+    what was extracted so far stays in ``dest`` for the caller to remove.
+    """
+    limits = limits or ExtractionLimits()
+    dest.mkdir(parents=True, exist_ok=True)
+    root = Path(os.path.realpath(dest))
+    with tar_stream(source, compressed=compressed) as plain:
+        _Extractor(root, limits).run(plain)
+
+
+# OS errors caused by what a member is called rather than by the disk: the archive cannot be
+# restored here, so they are reported as such, naming the member.
+_NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
+
+
+class _Extractor:
+    """Writes the members of one tar stream below ``root``, refusing anything unsafe."""
+
+    def __init__(self, root: Path, limits: ExtractionLimits) -> None:
+        self.root = root
+        self.limits = limits
+        self.members = 0
+        self.content_bytes = 0
+        self.files: set[str] = set()
+        self.directory_modes: list[tuple[Path, int]] = []
+        self.symlinks: list[tuple[str, str, str]] = []
+
+    def run(self, stream: IO[bytes]) -> None:
+        reader = TarReader(stream)
+        while (entry := reader.next()) is not None:
+            self._count(entry)
+            try:
+                self._extract(reader, entry)
+            except OSError as exc:
+                if exc.errno not in _NAME_ERRNOS:
+                    raise
+                raise CheckpointCorruptError(
+                    f"archive member {entry.name!r} cannot be restored here: {exc.strerror}"
+                ) from exc
+        for name, target, raw in self.symlinks:
+            self._make_symlink(name, target, raw)
+        # Checked only now that every link exists: one link's target may run through another
+        # that comes later in the archive.
+        for name, target, raw in self.symlinks:
+            problem = link_resolution_problem(str(self.root), name, target, "the workspace")
+            if problem is not None:
+                raise UnsafeArchiveError(
+                    f"archive member {raw!r} is a symbolic link to {target!r}, {problem}"
+                )
+        for directory, mode in reversed(self.directory_modes):
+            os.chmod(directory, mode)
+
+    def _extract(self, reader: TarReader, entry: Entry) -> None:
+        name = self._safe_name(entry.name, entry)
+        if entry.sparse:
+            raise UnsafeArchiveError(f"archive member {entry.name!r} is a {entry.describe()}")
+        if entry.type == tarfile.DIRTYPE:
+            self._make_directory(name, entry)
+        elif entry.type in FILE_TYPES:
+            self._write_file(reader, entry, name)
+        elif entry.type == tarfile.SYMTYPE:
+            self._defer_symlink(entry, name)
+        elif entry.type == tarfile.LNKTYPE:
+            self._make_hardlink(entry, name)
+        else:
+            raise UnsafeArchiveError(
+                f"archive member {entry.name!r} is a {entry.describe()}; only files, "
+                "directories and links are restored"
+            )
+
+    def _count(self, entry: Entry) -> None:
+        self.members += 1
+        if self.members > self.limits.max_members:
+            raise ArchiveLimitError(
+                f"archive holds more than {self.limits.max_members} members (member "
+                f"{entry.name!r} is one too many); raise ExtractionLimits.max_members if this "
+                "checkpoint is genuine"
+            )
+        if entry.type in FILE_TYPES:
+            self.content_bytes += entry.size
+            if self.content_bytes > self.limits.max_total_bytes:
+                raise ArchiveLimitError(
+                    f"archive unpacks to more than {self.limits.max_total_bytes} bytes (member "
+                    f"{entry.name!r} declares {entry.size}); raise "
+                    "ExtractionLimits.max_total_bytes if this checkpoint is genuine"
+                )
+
+    def _safe_name(self, raw: str, entry: Entry, role: str = "") -> str:
+        """``raw`` normalised (no ``.`` or empty parts), or refused; ``role`` names a link target."""
+        subject = f"archive member {entry.name!r}" + (f" {role} {raw!r}, which" if role else "")
+        if "\x00" in raw:
+            raise UnsafeArchiveError(f"{subject} contains a NUL byte")
+        if raw.startswith("/"):
+            raise UnsafeArchiveError(f"{subject} {'is' if role else 'has'} an absolute path")
+        # On POSIX a backslash or a drive letter is an ordinary character of a file name.
+        parts = [p for p in raw.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise UnsafeArchiveError(f"{subject} climbs out of the workspace with '..'")
+        if not parts:
+            return "."
+        return "/".join(parts)
+
+    def _path(self, name: str, entry: Entry) -> Path:
+        """The destination of ``name``, after checking no existing parent is a link or a file."""
+        current = self.root
+        parents = name.split("/")[:-1] if name != "." else []
+        for part in parents:
+            current = current / part
+            try:
+                mode = os.lstat(current).st_mode
+            except FileNotFoundError:
+                os.mkdir(current, 0o700)
+                continue
+            if not stat.S_ISDIR(mode):
+                raise UnsafeArchiveError(
+                    f"archive member {entry.name!r} would be written through "
+                    f"{current.relative_to(self.root)!s}, which is not a directory"
+                )
+        return self.root / name if name != "." else self.root
+
+    def _make_directory(self, name: str, entry: Entry) -> None:
+        path = self._path(name, entry)
+        try:
+            existing = os.lstat(path).st_mode
+        except FileNotFoundError:
+            os.mkdir(path, 0o700)
+        else:
+            if not stat.S_ISDIR(existing):
+                raise UnsafeArchiveError(f"archive member {entry.name!r} replaces a file by a directory")
+        # Applied last, so a read-only directory does not block writing its children.
+        self.directory_modes.append((path, (entry.mode & 0o755) | 0o700))
+
+    def _write_file(self, reader: TarReader, entry: Entry, name: str) -> None:
+        path = self._path(name, entry)
+        self._replace_allowed(path, entry)
+        self.files.discard(name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            while chunk := reader.read_data(CHUNK):
+                out.write(chunk)
+            out.flush()
+            os.fchmod(fd, _file_mode(entry.mode))
+            os.utime(fd, (entry.mtime, entry.mtime))
+        self.files.add(name)
+
+    def _replace_allowed(self, path: Path, entry: Entry) -> None:
+        """A later member may replace an earlier file of the same name, never a directory."""
+        try:
+            existing = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(existing):
+            raise UnsafeArchiveError(f"archive member {entry.name!r} replaces a directory")
+        os.unlink(path)
+
+    def _defer_symlink(self, entry: Entry, name: str) -> None:
+        target = entry.linkname
+        problem = link_target_problem(name, target, "the workspace")
+        if problem is not None:
+            raise UnsafeArchiveError(
+                f"archive member {entry.name!r} is a symbolic link to {target!r}, {problem}"
+            )
+        self._path(name, entry)  # parents are created now, as real directories
+        self.symlinks.append((name, target, entry.name))
+
+    def _make_symlink(self, name: str, target: str, raw: str) -> None:
+        path = self.root / name
+        if os.path.lexists(path):
+            raise UnsafeArchiveError(
+                f"archive member {raw!r} is a symbolic link that would replace an extracted entry"
+            )
+        os.symlink(target, path)
+
+    def _make_hardlink(self, entry: Entry, name: str) -> None:
+        target = self._safe_name(entry.linkname, entry, "is a hard link to")
+        path = self._path(name, entry)
+        if target not in self.files or target == name:
+            raise UnsafeArchiveError(
+                f"archive member {entry.name!r} is a hard link to {entry.linkname!r}, which is not "
+                "a file extracted earlier from the same archive"
+            )
+        self._replace_allowed(path, entry)
+        os.link(self.root / target, path, follow_symlinks=False)
+        self.files.add(name)
+
+
+def _file_mode(mode: int) -> int:
+    """PEP 706 ``data`` rules: drop setuid/setgid/sticky and group/other write; owner can read+write."""
+    mode = (mode & 0o755) | 0o600
+    if not mode & 0o100:
+        mode &= ~0o011
+    return mode
