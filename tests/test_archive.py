@@ -339,14 +339,22 @@ def test_saving_a_directory_with_a_symlink_loop_is_refused(tmp_path: Path) -> No
     assert "loop" in message
 
 
-def test_a_refused_tree_writes_nothing_to_the_stream(tmp_path: Path) -> None:
+def test_a_tree_refused_mid_save_leaves_the_previous_checkpoint_in_place(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a").write_bytes(b"x")
-    os.mkfifo(tmp_path / "src" / "z-pipe")
-    sink = io.BytesIO()
-    with pytest.raises(InvalidCheckpointInputError):
-        pack_directory(tmp_path / "src", sink)
-    assert sink.getvalue() == b""
+    Checkpoint(str(tmp_path / "ckpt")).save_sync(tmp_path / "src")
+    previous = (tmp_path / "ckpt").read_bytes()
+    os.mkfifo(tmp_path / "src" / "z-pipe")  # listed after "a": refused once "a" is in the stream
+    with pytest.raises(InvalidCheckpointInputError, match="z-pipe"):
+        Checkpoint(str(tmp_path / "ckpt")).save_sync(tmp_path / "src")
+    assert (tmp_path / "ckpt").read_bytes() == previous
+
+
+def test_check_tree_refuses_a_tree_without_writing_anything(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    os.mkfifo(tmp_path / "src" / "pipe")
+    with pytest.raises(InvalidCheckpointInputError, match="pipe"):
+        archive.check_tree(tmp_path / "src")
 
 
 # ---------------------------------------------------------------------------------------------
