@@ -124,8 +124,7 @@ def main() -> None:
         print(json.dumps({"files": options.files, "object_mib": object_mib, **best}))
         return
     print(
-        f"{options.files} files of ~100 bytes, {options.per_dir} per directory; "
-        f"object {object_mib:.1f} MiB"
+        f"{options.files} files of ~100 bytes, {options.per_dir} per directory; object {object_mib:.1f} MiB"
     )
     for op, tar_name in (("save", "tar -czf"), ("load", "tar -xzf")):
         values = best[op]
