@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 import tarfile
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from flyte_checkpoint.archive.compression import CHUNK, tar_stream
 from flyte_checkpoint.archive.limits import ExtractionLimits
@@ -34,8 +35,30 @@ def unpack_archive(
     limits = limits or ExtractionLimits()
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(os.path.realpath(dest))
-    with tar_stream(source, compressed=compressed) as plain:
-        _Extractor(root, limits).run(plain)
+    counted = _CountingReader(source)
+    with tar_stream(cast(IO[bytes], counted), compressed=compressed) as plain:
+        _Extractor(root, limits, counted if compressed else None).run(plain)
+
+
+class _CountingReader(io.RawIOBase):
+    """Reads ``source``, counting the bytes: the compressed size behind the expansion bound."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._source.read(-1 if size is None else size)
+        self.count += len(data)
+        return data
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
 
 
 # OS errors caused by what a member is called rather than by the disk: the archive cannot be
@@ -46,9 +69,11 @@ _NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
 class _Extractor:
     """Writes the members of one tar stream below ``root``, refusing anything unsafe."""
 
-    def __init__(self, root: Path, limits: ExtractionLimits) -> None:
+    def __init__(self, root: Path, limits: ExtractionLimits, compressed: _CountingReader | None) -> None:
         self.root = root
         self.limits = limits
+        self.compressed = compressed
+        self.written = 0
         self.members = 0
         self.content_bytes = 0
         self.files: set[str] = set()
@@ -115,6 +140,20 @@ class _Extractor:
                     "ExtractionLimits.max_total_bytes if this checkpoint is genuine"
                 )
 
+    def _check_expansion(self, entry: Entry) -> None:
+        ratio, floor = self.limits.max_expansion_ratio, self.limits.expansion_checked_after_bytes
+        if self.compressed is None or ratio is None or self.written <= floor:
+            return
+        read = self.compressed.count
+        if self.written > ratio * read:
+            raise ArchiveLimitError(
+                f"archive unpacked to {self.written} bytes (at member {entry.name!r}) from only "
+                f"{read} compressed bytes, more than ExtractionLimits.max_expansion_ratio={ratio:g} "
+                f"times (checked past {floor} bytes): this is how a decompression bomb looks; if "
+                "the checkpoint is genuine, pass Checkpoint(..., extraction_limits=ExtractionLimits("
+                "max_expansion_ratio=<higher, or None>))"
+            )
+
     def _safe_name(self, raw: str, entry: Entry, role: str = "") -> str:
         """``raw`` normalised (no ``.`` or empty parts), or refused; ``role`` names a link target."""
         subject = f"archive member {entry.name!r}" + (f" {role} {raw!r}, which" if role else "")
@@ -168,6 +207,8 @@ class _Extractor:
         with os.fdopen(fd, "wb") as out:
             while chunk := reader.read_data(CHUNK):
                 out.write(chunk)
+                self.written += len(chunk)
+                self._check_expansion(entry)
             out.flush()
             os.fchmod(fd, _file_mode(entry.mode))
             os.utime(fd, (entry.mtime, entry.mtime))
