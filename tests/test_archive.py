@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from flyte_checkpoint import Checkpoint, InvalidCheckpointInputError, archive
 from flyte_checkpoint.archive import ExtractionLimits, pack_directory, sniff_kind, unpack_archive
-from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError, UnsafeArchiveError
 
 MTIME = 1_600_000_000.25
 
@@ -151,6 +151,78 @@ def test_an_archive_written_by_the_tar_command_unpacks(tree: Path, tmp_path: Pat
     command = ["tar", f"--format={tar_format}", "-czf", str(target), "-C", str(tree), "."]
     subprocess.run(command, check=True)
     assert layout(unpacked(target.read_bytes(), tmp_path / "restored")) == layout(tree)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fidelity against tar -xp: what is kept, what is normalised, what is refused
+# ---------------------------------------------------------------------------------------------
+
+
+def test_directory_modification_times_are_restored_after_their_contents(tree: Path, tmp_path: Path) -> None:
+    for directory in [tree / "a", tree / "a" / "b", tree / "empty dir"]:
+        os.utime(directory, (MTIME, MTIME))
+    restored = unpacked(packed(tree), tmp_path / "restored")
+    for name in ["a", "a/b", "empty dir"]:
+        assert os.stat(restored / name).st_mtime == pytest.approx(MTIME, abs=1e-6), name
+
+
+def test_directory_modification_times_from_the_tar_command_are_restored(tree: Path, tmp_path: Path) -> None:
+    os.utime(tree / "a", (MTIME, MTIME))
+    target = tmp_path / "by-tar.tar.gz"
+    subprocess.run(["tar", "-czf", str(target), "-C", str(tree), "."], check=True)
+    restored = unpacked(target.read_bytes(), tmp_path / "restored")
+    assert os.stat(restored / "a").st_mtime == int(MTIME)
+
+
+def test_read_only_modes_come_back_owner_writable_as_documented(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "locked").mkdir(parents=True)
+    (source / "locked" / "frozen.txt").write_text("x")
+    (source / "locked" / "frozen.txt").chmod(0o444)
+    (source / "locked").chmod(0o555)
+    try:
+        restored = unpacked(packed(source), tmp_path / "restored")
+    finally:
+        (source / "locked").chmod(0o755)
+    assert stat.S_IMODE(os.stat(restored / "locked" / "frozen.txt").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(restored / "locked").st_mode) == 0o755
+
+
+@pytest.mark.parametrize("tar_format", ["gnu", "posix"])
+def test_a_sparse_archive_from_tar_dash_s_is_refused_as_unsupported_naming_the_member(
+    tmp_path: Path, tar_format: str
+) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    with open(source / "holes.bin", "wb") as out:
+        out.truncate(8 << 20)
+        out.seek(0, os.SEEK_END)
+        out.write(b"end")
+    target = tmp_path / "sparse.tar.gz"
+    command = ["tar", "-S", f"--format={tar_format}", "-czf", str(target), "-C", str(source), "."]
+    subprocess.run(command, check=True)
+    with pytest.raises(UnsafeArchiveError, match=r"unsupported: sparse member .*holes\.bin"):
+        unpacked(target.read_bytes(), tmp_path / "restored")
+
+
+def test_a_member_path_over_path_max_is_refused_naming_the_limit(tmp_path: Path) -> None:
+    name = "/".join(["d" * 250] * 20) + "/deep.txt"  # over 5000 bytes
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"ok"))
+    with pytest.raises(ArchiveLimitError, match=r"PATH_MAX"):
+        unpacked(sink.getvalue(), tmp_path / "restored")
+
+
+def test_a_member_name_over_name_max_is_refused_naming_the_limit(tmp_path: Path) -> None:
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("n" * 300)
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(ArchiveLimitError, match=r"NAME_MAX"):
+        unpacked(sink.getvalue(), tmp_path / "restored")
 
 
 def test_an_archive_written_by_pythons_tarfile_defaults_unpacks(tree: Path, tmp_path: Path) -> None:

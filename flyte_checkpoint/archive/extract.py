@@ -66,6 +66,18 @@ class _CountingReader(io.RawIOBase):
 _NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
 
 
+_NAME_MAX = 255
+"""The longest file name (in bytes) Linux and macOS file systems accept."""
+
+
+def _path_max(root: Path) -> int:
+    """PATH_MAX for ``root``'s file system: the bytes of a path, its final NUL included."""
+    try:
+        return os.pathconf(root, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return 4096
+
+
 class _Extractor:
     """Writes the members of one tar stream below ``root``, refusing anything unsafe."""
 
@@ -77,7 +89,10 @@ class _Extractor:
         self.members = 0
         self.content_bytes = 0
         self.files: set[str] = set()
-        self.directory_modes: list[tuple[Path, int]] = []
+        # Applied last, deepest first: a read-only directory must not block writing its
+        # children, and writing a child changes its directory's mtime.
+        self.directories: list[tuple[Path, int, float]] = []
+        self.path_max = _path_max(root)
         self.symlinks: list[tuple[str, str, str]] = []
 
     def run(self, stream: IO[bytes]) -> None:
@@ -102,13 +117,19 @@ class _Extractor:
                 raise UnsafeArchiveError(
                     f"archive member {raw!r} is a symbolic link to {target!r}, {problem}"
                 )
-        for directory, mode in reversed(self.directory_modes):
+        for directory, mode, mtime in reversed(self.directories):
             os.chmod(directory, mode)
+            os.utime(directory, (mtime, mtime), follow_symlinks=False)
 
     def _extract(self, reader: TarReader, entry: Entry) -> None:
         name = self._safe_name(entry.name, entry)
-        if entry.sparse:
-            raise UnsafeArchiveError(f"archive member {entry.name!r} is a {entry.describe()}")
+        if entry.sparse or entry.type == tarfile.GNUTYPE_SPARSE:
+            raise UnsafeArchiveError(
+                f"unsupported: sparse member {entry.name!r} (written by tar --sparse / -S); only "
+                "plain files are restored, so re-create the archive without --sparse (its "
+                "holes are then stored as zeros, which compress to almost nothing)"
+            )
+        self._check_path_length(name, entry)
         if entry.type == tarfile.DIRTYPE:
             self._make_directory(name, entry)
         elif entry.type in FILE_TYPES:
@@ -154,6 +175,20 @@ class _Extractor:
                 "max_expansion_ratio=<higher, or None>))"
             )
 
+    def _check_path_length(self, name: str, entry: Entry) -> None:
+        """Refuse, naming the limit, a member whose path this system cannot create."""
+        full = len(os.fsencode(os.path.join(self.root, name)))
+        longest = max(len(os.fsencode(part)) for part in name.split("/"))
+        if full < self.path_max and longest <= _NAME_MAX:
+            return
+        shown = repr(entry.name) if len(entry.name) <= 512 else f"{entry.name[:512]!r}…"
+        raise ArchiveLimitError(
+            f"archive member {shown} has a path of {full} bytes in the workspace (a name of up to "
+            f"{longest}), over this system's limits of {self.path_max - 1} bytes per path "
+            f"(PATH_MAX) and {_NAME_MAX} per name (NAME_MAX): it cannot be restored here; save "
+            "the tree with shorter paths"
+        )
+
     def _safe_name(self, raw: str, entry: Entry, role: str = "") -> str:
         """``raw`` normalised (no ``.`` or empty parts), or refused; ``role`` names a link target."""
         subject = f"archive member {entry.name!r}" + (f" {role} {raw!r}, which" if role else "")
@@ -196,8 +231,7 @@ class _Extractor:
         else:
             if not stat.S_ISDIR(existing):
                 raise UnsafeArchiveError(f"archive member {entry.name!r} replaces a file by a directory")
-        # Applied last, so a read-only directory does not block writing its children.
-        self.directory_modes.append((path, (entry.mode & 0o755) | 0o700))
+        self.directories.append((path, (entry.mode & 0o755) | 0o700, entry.mtime))
 
     def _write_file(self, reader: TarReader, entry: Entry, name: str) -> None:
         path = self._path(name, entry)
