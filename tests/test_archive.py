@@ -188,6 +188,27 @@ def test_read_only_modes_come_back_owner_writable_as_documented(tmp_path: Path) 
     assert stat.S_IMODE(os.stat(restored / "locked").st_mode) == 0o755
 
 
+def test_a_sparse_file_comes_back_with_its_holes(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    with open(source / "holes.bin", "wb") as out:
+        out.write(b"start")
+        out.truncate(64 << 20)
+        out.seek(0, os.SEEK_END)
+        out.write(b"end")
+    restored = unpacked(packed(source), tmp_path / "restored")
+    assert (restored / "holes.bin").read_bytes() == (source / "holes.bin").read_bytes()
+    assert os.stat(restored / "holes.bin").st_blocks * 512 < 8 << 20
+
+
+def test_a_file_ending_in_zeros_keeps_its_size(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "tail.bin").write_bytes(b"x" * (1 << 20) + bytes(2 << 20))  # ends on a whole hole
+    restored = unpacked(packed(source), tmp_path / "restored")
+    assert (restored / "tail.bin").read_bytes() == b"x" * (1 << 20) + bytes(2 << 20)
+
+
 @pytest.mark.parametrize("tar_format", ["gnu", "posix"])
 def test_a_sparse_archive_from_tar_dash_s_is_refused_as_unsupported_naming_the_member(
     tmp_path: Path, tar_format: str

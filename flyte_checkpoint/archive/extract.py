@@ -66,6 +66,8 @@ class _CountingReader(io.RawIOBase):
 _NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
 
 
+_ZERO_CHUNK = bytes(CHUNK)
+
 _NAME_MAX = 255
 """The longest file name (in bytes) Linux and macOS file systems accept."""
 
@@ -240,10 +242,14 @@ class _Extractor:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as out:
             while chunk := reader.read_data(CHUNK):
-                out.write(chunk)
+                if len(chunk) == CHUNK and chunk == _ZERO_CHUNK:
+                    out.seek(CHUNK, os.SEEK_CUR)  # a whole MiB of zeros: left as a hole, as tar -S
+                else:
+                    out.write(chunk)
                 self.written += len(chunk)
                 self._check_expansion(entry)
             out.flush()
+            os.ftruncate(fd, entry.size)  # the size, also when the file ends in a hole
             os.fchmod(fd, _file_mode(entry.mode))
             os.utime(fd, (entry.mtime, entry.mtime))
         self.files.add(name)
