@@ -93,7 +93,9 @@ class _Extractor:
         self.files: set[str] = set()
         # Applied last, deepest first: a read-only directory must not block writing its
         # children, and writing a child changes its directory's mtime.
-        self.directories: list[tuple[Path, int, float]] = []
+        self.directories: list[tuple[str, int, float]] = []
+        self.root_text = str(root)
+        self.checked_directories: set[str] = set()
         self.path_max = _path_max(root)
         self.symlinks: list[tuple[str, str, str]] = []
 
@@ -206,23 +208,29 @@ class _Extractor:
             return "."
         return "/".join(parts)
 
-    def _path(self, name: str, entry: Entry) -> Path:
+    def _path(self, name: str, entry: Entry) -> str:
         """The destination of ``name``, after checking no existing parent is a link or a file."""
-        current = self.root
-        parents = name.split("/")[:-1] if name != "." else []
-        for part in parents:
-            current = current / part
+        if name == ".":
+            return self.root_text
+        parents = name.split("/")[:-1]
+        for depth in range(1, len(parents) + 1):
+            parent = "/".join(parents[:depth])
+            if parent in self.checked_directories:
+                continue
+            current = f"{self.root_text}/{parent}"
             try:
                 mode = os.lstat(current).st_mode
             except FileNotFoundError:
                 os.mkdir(current, 0o700)
-                continue
-            if not stat.S_ISDIR(mode):
-                raise UnsafeArchiveError(
-                    f"archive member {entry.name!r} would be written through "
-                    f"{current.relative_to(self.root)!s}, which is not a directory"
-                )
-        return self.root / name if name != "." else self.root
+            else:
+                if not stat.S_ISDIR(mode):
+                    raise UnsafeArchiveError(
+                        f"archive member {entry.name!r} would be written through {parent}, which "
+                        "is not a directory"
+                    )
+            # Stays a directory: no member may replace one, and links are made only at the end.
+            self.checked_directories.add(parent)
+        return f"{self.root_text}/{name}"
 
     def _make_directory(self, name: str, entry: Entry) -> None:
         path = self._path(name, entry)
@@ -233,28 +241,36 @@ class _Extractor:
         else:
             if not stat.S_ISDIR(existing):
                 raise UnsafeArchiveError(f"archive member {entry.name!r} replaces a file by a directory")
+        self.checked_directories.add(name)
         self.directories.append((path, (entry.mode & 0o755) | 0o700, entry.mtime))
 
     def _write_file(self, reader: TarReader, entry: Entry, name: str) -> None:
         path = self._path(name, entry)
-        self._replace_allowed(path, entry)
         self.files.discard(name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            self._replace_allowed(path, entry)
+            fd = os.open(path, flags, 0o600)
         with os.fdopen(fd, "wb") as out:
+            hole = False
             while chunk := reader.read_data(CHUNK):
-                if len(chunk) == CHUNK and chunk == _ZERO_CHUNK:
+                hole = len(chunk) == CHUNK and chunk == _ZERO_CHUNK
+                if hole:
                     out.seek(CHUNK, os.SEEK_CUR)  # a whole MiB of zeros: left as a hole, as tar -S
                 else:
                     out.write(chunk)
                 self.written += len(chunk)
                 self._check_expansion(entry)
             out.flush()
-            os.ftruncate(fd, entry.size)  # the size, also when the file ends in a hole
+            if hole:
+                os.ftruncate(fd, entry.size)  # a file ending in a hole: seeking set no size
             os.fchmod(fd, _file_mode(entry.mode))
             os.utime(fd, (entry.mtime, entry.mtime))
         self.files.add(name)
 
-    def _replace_allowed(self, path: Path, entry: Entry) -> None:
+    def _replace_allowed(self, path: str, entry: Entry) -> None:
         """A later member may replace an earlier file of the same name, never a directory."""
         try:
             existing = os.lstat(path).st_mode
@@ -275,7 +291,7 @@ class _Extractor:
         self.symlinks.append((name, target, entry.name))
 
     def _make_symlink(self, name: str, target: str, raw: str) -> None:
-        path = self.root / name
+        path = f"{self.root_text}/{name}"
         if os.path.lexists(path):
             raise UnsafeArchiveError(
                 f"archive member {raw!r} is a symbolic link that would replace an extracted entry"
@@ -291,7 +307,7 @@ class _Extractor:
                 "a file extracted earlier from the same archive"
             )
         self._replace_allowed(path, entry)
-        os.link(self.root / target, path, follow_symlinks=False)
+        os.link(f"{self.root_text}/{target}", path, follow_symlinks=False)
         self.files.add(name)
 
 

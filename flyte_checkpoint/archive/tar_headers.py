@@ -6,6 +6,7 @@ import math
 import re
 import struct
 import tarfile
+import zlib
 from dataclasses import dataclass
 from typing import IO
 
@@ -53,12 +54,23 @@ def _number(field: bytes, what: str, offset: int) -> int:
     return int(digits, 8)
 
 
+def byte_sum(block: bytes | bytearray) -> int:
+    """The sum of a 512-byte header's bytes, as the tar checksum counts them.
+
+    Adler-32's low half is 1 + the byte sum modulo 65521; a 256-byte half sums to at most 65280,
+    so two halves give the exact sum at C speed (``sum()`` over 512 ints cost a tenth of the
+    time spent per small file).
+    """
+    view = memoryview(block)
+    return (zlib.adler32(view[:256]) & 0xFFFF) + (zlib.adler32(view[256:]) & 0xFFFF) - 2
+
+
 def parse_header(block: bytes, offset: int) -> _Header:
     """Decode a non-zero header block; a checksum mismatch or bad number is corruption."""
     stored = _number(block[148:156], "checksum", offset)
-    unsigned = 256 + sum(block[:148]) + sum(block[156:])
-    signed = 256 + sum(struct.unpack_from("148b8x356b", block))
-    if stored not in (unsigned, signed):
+    unsigned = 256 + byte_sum(block) - sum(block[148:156])  # the field counts as 8 spaces
+    # Some old tars summed signed bytes; computed only when the usual sum does not match.
+    if stored != unsigned and stored != 256 + sum(struct.unpack_from("148b8x356b", block)):
         raise CheckpointCorruptError(f"damaged tar header at byte {offset}: its checksum does not match")
     name = _text(block[0:100])
     kind = block[156:157]
