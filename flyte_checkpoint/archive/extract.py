@@ -215,33 +215,29 @@ class _Extractor:
         parents = name.split("/")[:-1]
         for depth in range(1, len(parents) + 1):
             parent = "/".join(parents[:depth])
-            if parent in self.checked_directories:
-                continue
-            current = f"{self.root_text}/{parent}"
-            try:
-                mode = os.lstat(current).st_mode
-            except FileNotFoundError:
-                os.mkdir(current, 0o700)
-            else:
-                if not stat.S_ISDIR(mode):
-                    raise UnsafeArchiveError(
-                        f"archive member {entry.name!r} would be written through {parent}, which "
-                        "is not a directory"
-                    )
-            # Stays a directory: no member may replace one, and links are made only at the end.
-            self.checked_directories.add(parent)
+            self._directory(parent, entry, "would be written through {}, which is not a directory")
         return f"{self.root_text}/{name}"
 
-    def _make_directory(self, name: str, entry: Entry) -> None:
-        path = self._path(name, entry)
+    def _directory(self, name: str, entry: Entry, problem: str) -> str:
+        """Make directory ``name`` unless it exists; if it is not one, refuse ``entry``, saying
+        ``problem`` (formatted with ``name``)."""
+        path = f"{self.root_text}/{name}"
+        if name in self.checked_directories:
+            return path
         try:
-            existing = os.lstat(path).st_mode
+            mode = os.lstat(path).st_mode
         except FileNotFoundError:
             os.mkdir(path, 0o700)
         else:
-            if not stat.S_ISDIR(existing):
-                raise UnsafeArchiveError(f"archive member {entry.name!r} replaces a file by a directory")
+            if not stat.S_ISDIR(mode):
+                raise UnsafeArchiveError(f"archive member {entry.name!r} {problem.format(name)}")
+        # Stays a directory: no member may replace one, and links are made only at the end.
         self.checked_directories.add(name)
+        return path
+
+    def _make_directory(self, name: str, entry: Entry) -> None:
+        self._path(name, entry)
+        path = self._directory(name, entry, "replaces a file by a directory")
         self.directories.append((path, (entry.mode & 0o755) | 0o700, entry.mtime))
 
     def _write_file(self, reader: TarReader, entry: Entry, name: str) -> None:
