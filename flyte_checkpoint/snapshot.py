@@ -95,18 +95,20 @@ class Snapshot:
     def errors_for_the_caller(self) -> Iterator[None]:
         """Raise OS errors from reading the input as typed errors naming the caller's paths.
 
-        A read that fails because a linked file shrank under it (tarfile's "unexpected end of
-        data") is the input changing, so it raises :class:`InputChangedError`.
+        A read that fails because a linked file shrank under it (a short read, or the archive
+        writer noticing the size it was told is gone) is the input changing: it raises
+        :class:`InputChangedError` naming the caller's file.
         """
         try:
             yield
-        except (OSError, EOFError) as exc:
-            if isinstance(exc, InputChangedError) or self.user_path is None:
+        except (OSError, EOFError, InputChangedError) as exc:
+            if self.user_path is None:
                 raise
             try:
                 self.verify_unchanged()
             except InputChangedError as changed:
-                raise changed from exc
+                # Named after the caller's file, whichever check noticed the change first.
+                raise changed from (None if isinstance(exc, InputChangedError) else exc)
             if isinstance(exc, CheckpointError) or not isinstance(exc, OSError):
                 raise
             raise _source_error(exc, self._user_name(exc.filename)) from exc

@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import tarfile
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,13 @@ from hypothesis import strategies as st
 
 from flyte_checkpoint import Checkpoint, InvalidCheckpointInputError, archive
 from flyte_checkpoint.archive import ExtractionLimits, pack_directory, sniff_kind, unpack_archive
-from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.archive.tar_writer import TarWriter
+from flyte_checkpoint.errors import (
+    ArchiveLimitError,
+    CheckpointCorruptError,
+    InputChangedError,
+    UnsafeArchiveError,
+)
 
 MTIME = 1_600_000_000.25
 
@@ -153,6 +160,134 @@ def test_an_archive_written_by_the_tar_command_unpacks(tree: Path, tmp_path: Pat
     assert layout(unpacked(target.read_bytes(), tmp_path / "restored")) == layout(tree)
 
 
+def peak_memory_packing(source: Path) -> int:
+    tracemalloc.start()
+    try:
+        with open(os.devnull, "wb") as sink:
+            pack_directory(source, sink)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def small_files_tree(root: Path, directories: int) -> Path:
+    for d in range(directories):
+        (root / f"d{d}").mkdir(parents=True)
+        for f in range(1000):
+            (root / f"d{d}" / f"f{f}").write_bytes(b"tiny")
+    return root
+
+
+def test_packing_many_small_files_keeps_no_memory_per_file(tmp_path: Path) -> None:
+    few = peak_memory_packing(small_files_tree(tmp_path / "few", 4))
+    many = peak_memory_packing(small_files_tree(tmp_path / "many", 16))
+    # tarfile kept a TarInfo and an inode entry per file: about 1 KiB each, 13 MiB more here.
+    assert many - few < 3 << 20, f"12,000 more files took {(many - few) / (1 << 20):.1f} MiB more"
+
+
+def test_a_file_that_shrinks_while_it_is_packed_is_an_input_change(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"short")
+    status = os.lstat(tmp_path / "f")
+    extra = {key: getattr(status, key) for key in ("st_mtime", "st_mtime_ns", "st_atime_ns", "st_ctime_ns")}
+    listed = os.stat_result((*status[:6], 1000, *status[7:]), extra)  # as listed: 1000 bytes
+    writer = TarWriter(io.BytesIO())
+    with pytest.raises(InputChangedError, match="shrank from 1000 to 5 bytes"):
+        writer.add_file("f", str(tmp_path / "f"), listed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fidelity against tar -xp: what is kept, what is normalised, what is refused
+# ---------------------------------------------------------------------------------------------
+
+
+def test_directory_modification_times_are_restored_after_their_contents(tree: Path, tmp_path: Path) -> None:
+    for directory in [tree / "a", tree / "a" / "b", tree / "empty dir"]:
+        os.utime(directory, (MTIME, MTIME))
+    restored = unpacked(packed(tree), tmp_path / "restored")
+    for name in ["a", "a/b", "empty dir"]:
+        assert os.stat(restored / name).st_mtime == pytest.approx(MTIME, abs=1e-6), name
+
+
+def test_directory_modification_times_from_the_tar_command_are_restored(tree: Path, tmp_path: Path) -> None:
+    os.utime(tree / "a", (MTIME, MTIME))
+    target = tmp_path / "by-tar.tar.gz"
+    subprocess.run(["tar", "-czf", str(target), "-C", str(tree), "."], check=True)
+    restored = unpacked(target.read_bytes(), tmp_path / "restored")
+    assert os.stat(restored / "a").st_mtime == int(MTIME)
+
+
+def test_read_only_modes_come_back_owner_writable_as_documented(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "locked").mkdir(parents=True)
+    (source / "locked" / "frozen.txt").write_text("x")
+    (source / "locked" / "frozen.txt").chmod(0o444)
+    (source / "locked").chmod(0o555)
+    try:
+        restored = unpacked(packed(source), tmp_path / "restored")
+    finally:
+        (source / "locked").chmod(0o755)
+    assert stat.S_IMODE(os.stat(restored / "locked" / "frozen.txt").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(restored / "locked").st_mode) == 0o755
+
+
+def test_a_sparse_file_comes_back_with_its_holes(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    with open(source / "holes.bin", "wb") as out:
+        out.write(b"start")
+        out.truncate(64 << 20)
+        out.seek(0, os.SEEK_END)
+        out.write(b"end")
+    restored = unpacked(packed(source), tmp_path / "restored")
+    assert (restored / "holes.bin").read_bytes() == (source / "holes.bin").read_bytes()
+    assert os.stat(restored / "holes.bin").st_blocks * 512 < 8 << 20
+
+
+def test_a_file_ending_in_zeros_keeps_its_size(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "tail.bin").write_bytes(b"x" * (1 << 20) + bytes(2 << 20))  # ends on a whole hole
+    restored = unpacked(packed(source), tmp_path / "restored")
+    assert (restored / "tail.bin").read_bytes() == b"x" * (1 << 20) + bytes(2 << 20)
+
+
+@pytest.mark.parametrize("tar_format", ["gnu", "posix"])
+def test_a_sparse_archive_from_tar_dash_s_is_refused_as_unsupported_naming_the_member(
+    tmp_path: Path, tar_format: str
+) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    with open(source / "holes.bin", "wb") as out:
+        out.truncate(8 << 20)
+        out.seek(0, os.SEEK_END)
+        out.write(b"end")
+    target = tmp_path / "sparse.tar.gz"
+    command = ["tar", "-S", f"--format={tar_format}", "-czf", str(target), "-C", str(source), "."]
+    subprocess.run(command, check=True)
+    with pytest.raises(UnsafeArchiveError, match=r"unsupported: sparse member .*holes\.bin"):
+        unpacked(target.read_bytes(), tmp_path / "restored")
+
+
+def test_a_member_path_over_path_max_is_refused_naming_the_limit(tmp_path: Path) -> None:
+    name = "/".join(["d" * 250] * 20) + "/deep.txt"  # over 5000 bytes
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"ok"))
+    with pytest.raises(ArchiveLimitError, match=r"PATH_MAX"):
+        unpacked(sink.getvalue(), tmp_path / "restored")
+
+
+def test_a_member_name_over_name_max_is_refused_naming_the_limit(tmp_path: Path) -> None:
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("n" * 300)
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(ArchiveLimitError, match=r"NAME_MAX"):
+        unpacked(sink.getvalue(), tmp_path / "restored")
+
+
 def test_an_archive_written_by_pythons_tarfile_defaults_unpacks(tree: Path, tmp_path: Path) -> None:
     # What the reference SDK writes: tarfile's default format, one add() per child.
     sink = io.BytesIO()
@@ -198,7 +333,7 @@ def test_the_zlib_fallback_writes_and_reads_the_same_tree(
     tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with_isal = packed(tree)
-    monkeypatch.setattr(archive, "_isal_gzip", None)
+    monkeypatch.setattr(archive.compression, "_isal_gzip", None)
     with_zlib = packed(tree)
     assert with_zlib != with_isal  # a different encoder really ran
     assert layout(unpacked(with_zlib, tmp_path / "zlib")) == layout(tree)
@@ -339,14 +474,22 @@ def test_saving_a_directory_with_a_symlink_loop_is_refused(tmp_path: Path) -> No
     assert "loop" in message
 
 
-def test_a_refused_tree_writes_nothing_to_the_stream(tmp_path: Path) -> None:
+def test_a_tree_refused_mid_save_leaves_the_previous_checkpoint_in_place(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a").write_bytes(b"x")
-    os.mkfifo(tmp_path / "src" / "z-pipe")
-    sink = io.BytesIO()
-    with pytest.raises(InvalidCheckpointInputError):
-        pack_directory(tmp_path / "src", sink)
-    assert sink.getvalue() == b""
+    Checkpoint(str(tmp_path / "ckpt")).save_sync(tmp_path / "src")
+    previous = (tmp_path / "ckpt").read_bytes()
+    os.mkfifo(tmp_path / "src" / "z-pipe")  # listed after "a": refused once "a" is in the stream
+    with pytest.raises(InvalidCheckpointInputError, match="z-pipe"):
+        Checkpoint(str(tmp_path / "ckpt")).save_sync(tmp_path / "src")
+    assert (tmp_path / "ckpt").read_bytes() == previous
+
+
+def test_check_tree_refuses_a_tree_without_writing_anything(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    os.mkfifo(tmp_path / "src" / "pipe")
+    with pytest.raises(InvalidCheckpointInputError, match="pipe"):
+        archive.check_tree(tmp_path / "src")
 
 
 # ---------------------------------------------------------------------------------------------

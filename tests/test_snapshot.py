@@ -9,8 +9,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from flyte_checkpoint import (
     InputChangedError,
     InvalidCheckpointInputError,
 )
-from flyte_checkpoint import archive as archive_module
+from flyte_checkpoint.archive import tar_writer
 from flyte_checkpoint.lockfiles import SNAPSHOT_PREFIX
 from tests.conftest import tree_of
 from tests.test_background_save import restore, stalled_checkpoint
@@ -220,12 +221,22 @@ def test_a_tree_deeper_than_path_max_is_refused_naming_the_callers_directory(
 def fail_to_open(monkeypatch: pytest.MonkeyPatch, name: str, error: int) -> None:
     """Fault injection (root reads every file): opening ``name`` to pack it fails with ``error``."""
 
-    def failing_open(path: Any, *args: Any, **kwargs: Any) -> Any:
-        if os.path.basename(path) == name:
-            raise OSError(error, os.strerror(error), str(path))
-        return open(path, *args, **kwargs)
+    def failing(path: str) -> None:
+        raise OSError(error, os.strerror(error), path)
 
-    monkeypatch.setattr(archive_module, "open", failing_open, raising=False)
+    before_packing(monkeypatch, name, failing)
+
+
+def before_packing(monkeypatch: pytest.MonkeyPatch, name: str, action: Callable[[str], None]) -> None:
+    """Fault injection: ``action(path)`` runs just before the archive writer opens ``name``."""
+    real_open = os.open
+
+    def hooked_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.path.basename(path) == name and not flags & (os.O_WRONLY | os.O_RDWR):
+            action(os.fsdecode(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(tar_writer, "os", SimpleNamespace(**{**vars(os), "open": hooked_open}))
 
 
 @pytest.mark.parametrize(
@@ -246,12 +257,10 @@ def test_a_file_that_cannot_be_read_during_a_background_save_is_named_as_the_cal
 def test_a_file_shortened_in_place_during_a_background_save_fails_it_as_changed(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def open_after_the_trainer_truncated_it(path: Any, *args: Any, **kwargs: Any) -> Any:
-        if os.path.basename(path) == "weights.bin":
-            os.truncate(path, 1000)  # the header already says 300 000 bytes
-        return open(path, *args, **kwargs)
+    def the_trainer_truncates_it(path: str) -> None:
+        os.truncate(path, 1000)  # the writer's stat already says 300 000 bytes
 
-    monkeypatch.setattr(archive_module, "open", open_after_the_trainer_truncated_it, raising=False)
+    before_packing(monkeypatch, "weights.bin", the_trainer_truncates_it)
     cp = Checkpoint(str(tmp_path / "obj"))
     cp.save_sync(model_dir, background=True)
     with pytest.raises(InputChangedError, match=r"weights\.bin was modified in place"):

@@ -155,6 +155,23 @@ def zeros_gzip_member(size: int) -> bytes:
     return b"".join(parts)
 
 
+def file_tar_gz(name: str, size: int, pattern: bytes = b"\x00") -> bytes:
+    """A gzipped tar of one file of ``size`` bytes repeating ``pattern``, built in 1 MiB steps."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = (pattern * ((1 << 20) // len(pattern) + 1))[: 1 << 20]
+    parts = [compressor.compress(info.tobuf(tarfile.PAX_FORMAT))]
+    remaining = size
+    while remaining:
+        step = min(remaining, len(chunk))
+        parts.append(compressor.compress(chunk[:step]))
+        remaining -= step
+    parts.append(compressor.compress(bytes(-size % tarfile.BLOCKSIZE) + END_OF_ARCHIVE))
+    parts.append(compressor.flush())
+    return b"".join(parts)
+
+
 def symlink_realpath_overflow(component_length: int, steps: str = "abcdefghijklmnop") -> list[Member]:
     """The archive of CVE-2025-4517, adapted from CPython's ``test_realpath_limit_attack``.
 

@@ -306,7 +306,7 @@ def test_a_damaged_raw_payload_without_its_digest_cannot_be_detected(
 
 
 # ---------------------------------------------------------------------------------------------
-# Bugs outside archive.py, kept visible until fixed
+# Bugs outside the archive package, kept visible until fixed
 # ---------------------------------------------------------------------------------------------
 
 
@@ -319,7 +319,7 @@ def test_an_object_emptied_after_saving_is_corrupt_not_absent_when_its_size_is_r
 
 
 class _DiskFull:
-    """Stands in for the ``os`` module inside ``archive``: creating a file fails with ENOSPC."""
+    """Stands in for the ``os`` module inside ``archive.extract``: creating a file fails with ENOSPC."""
 
     def __getattr__(self, name: str) -> object:
         return getattr(os, name)
@@ -332,6 +332,6 @@ class _DiskFull:
 def test_a_full_disk_while_unpacking_is_a_typed_storage_error(
     saved: Saved, load: Loader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(archive, "os", _DiskFull())
+    monkeypatch.setattr(archive.extract, "os", _DiskFull())
     with pytest.raises(CheckpointStorageError, match="space"):
         load(saved.data, saved.xattrs)

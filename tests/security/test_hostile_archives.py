@@ -288,6 +288,46 @@ def test_a_declared_terabyte_is_refused_by_the_byte_limit_before_any_data_is_rea
     )
 
 
+def test_a_small_gzip_of_zeros_unpacking_to_half_a_gibibyte_is_refused_by_the_default_expansion_bound(
+    site: Site,
+) -> None:
+    data = hostile.file_tar_gz("bomb", 512 << 20)
+    assert len(data) < 1 << 20
+    error = refuse(site, data, member="bomb", error=ArchiveLimitError)
+    assert "max_expansion_ratio" in str(error)
+    assert "ExtractionLimits(" in str(error), "the message should say how to raise the bound"
+
+
+def test_an_archive_of_zeros_below_the_expansion_floor_loads_with_the_default_limits(site: Site) -> None:
+    site.write_source(hostile.file_tar_gz("zeros", 32 << 20))
+    with Checkpoint(site.destination, str(site.source)) as checkpoint:
+        restored = checkpoint.load_sync()
+        assert restored is not None
+        assert (restored / "zeros").stat().st_size == 32 << 20
+
+
+def test_a_highly_compressible_genuine_file_within_the_expansion_bound_loads(site: Site) -> None:
+    # Sparse "weights": one random byte in 32, which gzip shrinks about 20x, under a floor of 1 MiB.
+    pattern = b"".join(bytes([byte]) + bytes(31) for byte in os.urandom(4096))
+    data = hostile.file_tar_gz("weights", 16 << 20, pattern)
+    assert 10 < (16 << 20) / len(data) < 100
+    limits = ExtractionLimits(expansion_checked_after_bytes=1 << 20)
+    with Checkpoint(site.destination, str(site.source), extraction_limits=limits) as checkpoint:
+        site.write_source(data)
+        restored = checkpoint.load_sync()
+        assert restored is not None
+        assert (restored / "weights").stat().st_size == 16 << 20
+
+
+def test_the_expansion_bound_can_be_lifted_for_a_genuine_checkpoint(site: Site) -> None:
+    site.write_source(hostile.file_tar_gz("zeros", 8 << 20))
+    limits = ExtractionLimits(expansion_checked_after_bytes=1 << 20, max_expansion_ratio=None)
+    with Checkpoint(site.destination, str(site.source), extraction_limits=limits) as checkpoint:
+        restored = checkpoint.load_sync()
+        assert restored is not None
+        assert (restored / "zeros").stat().st_size == 8 << 20
+
+
 def test_the_byte_limit_counts_every_member_not_just_the_largest(site: Site) -> None:
     data = hostile.tar_gz([file(f"f{i}", bytes(100_000)) for i in range(20)])
     refuse(

@@ -1,0 +1,315 @@
+"""Safe extraction: PEP 706 ``data`` filter rules, applied by our own code on every Python."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+from typing import IO, cast
+
+from flyte_checkpoint.archive.compression import CHUNK, tar_stream
+from flyte_checkpoint.archive.limits import ExtractionLimits
+from flyte_checkpoint.archive.links import link_resolution_problem, link_target_problem
+from flyte_checkpoint.archive.tar_headers import FILE_TYPES, Entry, TarReader
+from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError, UnsafeArchiveError
+
+
+def unpack_archive(
+    source: IO[bytes],
+    dest: Path,
+    *,
+    compressed: bool = True,
+    limits: ExtractionLimits | None = None,
+) -> None:
+    """Extract the tar stream ``source`` (gzipped when ``compressed``) into the directory ``dest``.
+
+    Reads ``source`` to its very end, so the gzip CRC and length are checked after the last
+    member. Raises :class:`CheckpointCorruptError` for a damaged stream (including one that ends
+    before its end-of-archive block), :class:`UnsafeArchiveError` for a member that would leave
+    ``dest`` or may not be restored, and :class:`ArchiveLimitError` past ``limits``; on error,
+    what was extracted so far stays in ``dest`` for the caller to remove.
+    """
+    limits = limits or ExtractionLimits()
+    dest.mkdir(parents=True, exist_ok=True)
+    root = Path(os.path.realpath(dest))
+    counted = _CountingReader(source)
+    with tar_stream(cast(IO[bytes], counted), compressed=compressed) as plain:
+        _Extractor(root, limits, counted if compressed else None).run(plain)
+
+
+class _CountingReader(io.RawIOBase):
+    """Reads ``source``, counting the bytes: the compressed size behind the expansion bound."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._source.read(-1 if size is None else size)
+        self.count += len(data)
+        return data
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+
+# OS errors caused by what a member is called rather than by the disk: the archive cannot be
+# restored here, so they are reported as such, naming the member.
+_NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
+
+
+_ZERO_CHUNK = bytes(CHUNK)
+
+_NAME_MAX = 255
+"""The longest file name (in bytes) Linux and macOS file systems accept."""
+
+
+def _path_max(root: Path) -> int:
+    """PATH_MAX for ``root``'s file system: the bytes of a path, its final NUL included."""
+    try:
+        return os.pathconf(root, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return 4096
+
+
+class _Extractor:
+    """Writes the members of one tar stream below ``root``, refusing anything unsafe."""
+
+    def __init__(self, root: Path, limits: ExtractionLimits, compressed: _CountingReader | None) -> None:
+        self.root = root
+        self.limits = limits
+        self.compressed = compressed
+        self.written = 0
+        self.members = 0
+        self.content_bytes = 0
+        self.files: set[str] = set()
+        # Applied last, deepest first: a read-only directory must not block writing its
+        # children, and writing a child changes its directory's mtime.
+        self.directories: list[tuple[str, int, float]] = []
+        self.root_text = str(root)
+        self.checked_directories: set[str] = set()
+        self.path_max = _path_max(root)
+        self.symlinks: list[tuple[str, str, str]] = []
+
+    def run(self, stream: IO[bytes]) -> None:
+        reader = TarReader(stream)
+        while (entry := reader.next()) is not None:
+            self._count(entry)
+            try:
+                self._extract(reader, entry)
+            except OSError as exc:
+                if exc.errno not in _NAME_ERRNOS:
+                    raise
+                raise CheckpointCorruptError(
+                    f"archive member {entry.name!r} cannot be restored here: {exc.strerror}"
+                ) from exc
+        for name, target, raw in self.symlinks:
+            self._make_symlink(name, target, raw)
+        # Checked only now that every link exists: one link's target may run through another
+        # that comes later in the archive.
+        for name, target, raw in self.symlinks:
+            problem = link_resolution_problem(str(self.root), name, target, "the workspace")
+            if problem is not None:
+                raise UnsafeArchiveError(
+                    f"archive member {raw!r} is a symbolic link to {target!r}, {problem}"
+                )
+        for directory, mode, mtime in reversed(self.directories):
+            os.chmod(directory, mode)
+            os.utime(directory, (mtime, mtime), follow_symlinks=False)
+
+    def _extract(self, reader: TarReader, entry: Entry) -> None:
+        name = self._safe_name(entry.name, entry)
+        if entry.sparse or entry.type == tarfile.GNUTYPE_SPARSE:
+            raise UnsafeArchiveError(
+                f"unsupported: sparse member {entry.name!r} (written by tar --sparse / -S); only "
+                "plain files are restored, so re-create the archive without --sparse (its "
+                "holes are then stored as zeros, which compress to almost nothing)"
+            )
+        self._check_path_length(name, entry)
+        if entry.type == tarfile.DIRTYPE:
+            self._make_directory(name, entry)
+        elif entry.type in FILE_TYPES:
+            self._write_file(reader, entry, name)
+        elif entry.type == tarfile.SYMTYPE:
+            self._defer_symlink(entry, name)
+        elif entry.type == tarfile.LNKTYPE:
+            self._make_hardlink(entry, name)
+        else:
+            raise UnsafeArchiveError(
+                f"archive member {entry.name!r} is a {entry.describe()}; only files, "
+                "directories and links are restored"
+            )
+
+    def _count(self, entry: Entry) -> None:
+        self.members += 1
+        if self.members > self.limits.max_members:
+            raise ArchiveLimitError(
+                f"archive holds more than {self.limits.max_members} members (member "
+                f"{entry.name!r} is one too many); raise ExtractionLimits.max_members if this "
+                "checkpoint is genuine"
+            )
+        if entry.type in FILE_TYPES:
+            self.content_bytes += entry.size
+            if self.content_bytes > self.limits.max_total_bytes:
+                raise ArchiveLimitError(
+                    f"archive unpacks to more than {self.limits.max_total_bytes} bytes (member "
+                    f"{entry.name!r} declares {entry.size}); raise "
+                    "ExtractionLimits.max_total_bytes if this checkpoint is genuine"
+                )
+
+    def _check_expansion(self, entry: Entry) -> None:
+        ratio, floor = self.limits.max_expansion_ratio, self.limits.expansion_checked_after_bytes
+        if self.compressed is None or ratio is None or self.written <= floor:
+            return
+        read = self.compressed.count
+        if self.written > ratio * read:
+            raise ArchiveLimitError(
+                f"archive unpacked to {self.written} bytes (at member {entry.name!r}) from only "
+                f"{read} compressed bytes, more than ExtractionLimits.max_expansion_ratio={ratio:g} "
+                f"times (checked past {floor} bytes): this is how a decompression bomb looks; if "
+                "the checkpoint is genuine, pass Checkpoint(..., extraction_limits=ExtractionLimits("
+                "max_expansion_ratio=<higher, or None>))"
+            )
+
+    def _check_path_length(self, name: str, entry: Entry) -> None:
+        """Refuse, naming the limit, a member whose path this system cannot create."""
+        full = len(os.fsencode(os.path.join(self.root, name)))
+        longest = max(len(os.fsencode(part)) for part in name.split("/"))
+        if full < self.path_max and longest <= _NAME_MAX:
+            return
+        shown = repr(entry.name) if len(entry.name) <= 512 else f"{entry.name[:512]!r}…"
+        raise ArchiveLimitError(
+            f"archive member {shown} has a path of {full} bytes in the workspace (a name of up to "
+            f"{longest}), over this system's limits of {self.path_max - 1} bytes per path "
+            f"(PATH_MAX) and {_NAME_MAX} per name (NAME_MAX): it cannot be restored here; save "
+            "the tree with shorter paths"
+        )
+
+    def _safe_name(self, raw: str, entry: Entry, role: str = "") -> str:
+        """``raw`` normalised (no ``.`` or empty parts), or refused; ``role`` names a link target."""
+        subject = f"archive member {entry.name!r}" + (f" {role} {raw!r}, which" if role else "")
+        if "\x00" in raw:
+            raise UnsafeArchiveError(f"{subject} contains a NUL byte")
+        if raw.startswith("/"):
+            raise UnsafeArchiveError(f"{subject} {'is' if role else 'has'} an absolute path")
+        # On POSIX a backslash or a drive letter is an ordinary character of a file name.
+        parts = [p for p in raw.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise UnsafeArchiveError(f"{subject} climbs out of the workspace with '..'")
+        if not parts:
+            return "."
+        return "/".join(parts)
+
+    def _path(self, name: str, entry: Entry) -> str:
+        """The destination of ``name``, after checking no existing parent is a link or a file."""
+        if name == ".":
+            return self.root_text
+        parents = name.split("/")[:-1]
+        for depth in range(1, len(parents) + 1):
+            parent = "/".join(parents[:depth])
+            self._directory(parent, entry, "would be written through {}, which is not a directory")
+        return f"{self.root_text}/{name}"
+
+    def _directory(self, name: str, entry: Entry, problem: str) -> str:
+        """Make directory ``name`` unless it exists; if it is not one, refuse ``entry``, saying
+        ``problem`` (formatted with ``name``)."""
+        path = f"{self.root_text}/{name}"
+        if name in self.checked_directories:
+            return path
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            os.mkdir(path, 0o700)
+        else:
+            if not stat.S_ISDIR(mode):
+                raise UnsafeArchiveError(f"archive member {entry.name!r} {problem.format(name)}")
+        # Stays a directory: no member may replace one, and links are made only at the end.
+        self.checked_directories.add(name)
+        return path
+
+    def _make_directory(self, name: str, entry: Entry) -> None:
+        self._path(name, entry)
+        path = self._directory(name, entry, "replaces a file by a directory")
+        self.directories.append((path, (entry.mode & 0o755) | 0o700, entry.mtime))
+
+    def _write_file(self, reader: TarReader, entry: Entry, name: str) -> None:
+        path = self._path(name, entry)
+        self.files.discard(name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            self._replace_allowed(path, entry)
+            fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            hole = False
+            while chunk := reader.read_data(CHUNK):
+                hole = len(chunk) == CHUNK and chunk == _ZERO_CHUNK
+                if hole:
+                    out.seek(CHUNK, os.SEEK_CUR)  # a whole MiB of zeros: left as a hole, as tar -S
+                else:
+                    out.write(chunk)
+                self.written += len(chunk)
+                self._check_expansion(entry)
+            out.flush()
+            if hole:
+                os.ftruncate(fd, entry.size)  # a file ending in a hole: seeking set no size
+            os.fchmod(fd, _file_mode(entry.mode))
+            os.utime(fd, (entry.mtime, entry.mtime))
+        self.files.add(name)
+
+    def _replace_allowed(self, path: str, entry: Entry) -> None:
+        """A later member may replace an earlier file of the same name, never a directory."""
+        try:
+            existing = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(existing):
+            raise UnsafeArchiveError(f"archive member {entry.name!r} replaces a directory")
+        os.unlink(path)
+
+    def _defer_symlink(self, entry: Entry, name: str) -> None:
+        target = entry.linkname
+        problem = link_target_problem(name, target, "the workspace")
+        if problem is not None:
+            raise UnsafeArchiveError(
+                f"archive member {entry.name!r} is a symbolic link to {target!r}, {problem}"
+            )
+        self._path(name, entry)  # parents are created now, as real directories
+        self.symlinks.append((name, target, entry.name))
+
+    def _make_symlink(self, name: str, target: str, raw: str) -> None:
+        path = f"{self.root_text}/{name}"
+        if os.path.lexists(path):
+            raise UnsafeArchiveError(
+                f"archive member {raw!r} is a symbolic link that would replace an extracted entry"
+            )
+        os.symlink(target, path)
+
+    def _make_hardlink(self, entry: Entry, name: str) -> None:
+        target = self._safe_name(entry.linkname, entry, "is a hard link to")
+        path = self._path(name, entry)
+        if target not in self.files or target == name:
+            raise UnsafeArchiveError(
+                f"archive member {entry.name!r} is a hard link to {entry.linkname!r}, which is not "
+                "a file extracted earlier from the same archive"
+            )
+        self._replace_allowed(path, entry)
+        os.link(f"{self.root_text}/{target}", path, follow_symlinks=False)
+        self.files.add(name)
+
+
+def _file_mode(mode: int) -> int:
+    """PEP 706 ``data`` rules: drop setuid/setgid/sticky and group/other write; owner can read+write."""
+    mode = (mode & 0o755) | 0o600
+    if not mode & 0o100:
+        mode &= ~0o011
+    return mode
