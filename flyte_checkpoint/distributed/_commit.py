@@ -1,0 +1,204 @@
+"""The one place this package reaches into ``flyte_checkpoint.state``: versioned layout, commit, GC.
+
+A distributed save is a ``flyte_checkpoint.state`` checkpoint directory like any other::
+
+    checkpoint_dir/
+      COMMITTED.json                 the pointer (written last): version id + manifest sha256
+      versions/<version_id>/
+        shard-00000.distcp ...       one object per saving rank (the manifest's parts)
+        dcp.metadata                 DCP's pickled Metadata (the manifest's controller record)
+        metadata.json, manifest.json
+
+so the state package's pointer commit, its reading of what is committed and its garbage
+collection serve both. Everything this package needs from ``state`` is below, and nothing else
+imports ``state``: when ``state`` offers a public "commit this version from gathered results"
+step, only this module changes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.state.commit import collect_garbage, pointer_moved, read_committed, write_manifest
+from flyte_checkpoint.state.commit import publish as publish_pointer
+from flyte_checkpoint.state.layout import VERSIONS_DIR, Layout, _normalised_root, new_version_id
+from flyte_checkpoint.state.manager import STEP_DIR_PREFIX, CheckpointManager
+from flyte_checkpoint.state.manifest import PartAck, PartRecord, checked_metadata
+from flyte_checkpoint.state.objects import fetch_bytes
+from flyte_checkpoint.storage import Backend, StorageOptions
+from flyte_checkpoint.uris import check_supported
+
+__all__ = [
+    "METADATA_ENCODING",
+    "METADATA_NAME",
+    "SHARD_ENCODING",
+    "Committed",
+    "StoredObject",
+    "apply_retention",
+    "backend_of",
+    "checked_metadata",
+    "collect_uncommitted",
+    "commit_version",
+    "committed_steps",
+    "fetch_verified",
+    "new_version_id",
+    "object_uri",
+    "publish_pointer",
+    "read_committed_version",
+    "root_of",
+    "step_dir",
+    "version_replaced",
+]
+
+METADATA_NAME = "dcp.metadata"
+"""DCP's ``Metadata`` object in a version directory (``.metadata`` in DCP's own layout)."""
+METADATA_ENCODING = "dcp-metadata-pickle-v1"
+SHARD_ENCODING = "dcp-shard-v1"
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object a save wrote: its name in the version directory, size and labelled digest."""
+
+    name: str
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What the pointer of a checkpoint directory names."""
+
+    version_id: str
+    metadata_object: StoredObject
+    shards: Mapping[str, StoredObject]
+    user_metadata: dict[str, Any]
+
+
+def _layout(root: str, storage_options: StorageOptions | None) -> Layout:
+    return Layout.of(root, storage_options)
+
+
+def root_of(checkpoint_dir: str | os.PathLike[str]) -> str:
+    """``checkpoint_dir`` normalised and checked as state normalises it (a clear error if unusable).
+
+    No backend is built: that needs the storage options (Azure's client connects when built).
+    """
+    root = _normalised_root(checkpoint_dir)
+    check_supported(root)
+    return root
+
+
+def backend_of(root: str, storage_options: StorageOptions | None) -> Backend:
+    return _layout(root, storage_options).backend
+
+
+def object_uri(root: str, version_id: str, name: str) -> str:
+    """The URI of object ``name`` in version ``version_id`` of ``root`` (no backend built)."""
+    return "/".join((root, VERSIONS_DIR, version_id, name))
+
+
+def commit_version(
+    root: str,
+    storage_options: StorageOptions | None,
+    version_id: str,
+    shards: Sequence[StoredObject],
+    metadata_object: StoredObject,
+    user_metadata: dict[str, Any],
+) -> None:
+    """Commit ``version_id``, whose objects are all stored: manifest, then the pointer, then GC.
+
+    The shards become the manifest's parts (by position, in the given order) and DCP's metadata
+    object its controller record, so ``read_committed`` pins every object by size and digest.
+    """
+    layout = _layout(root, storage_options)
+    parts = [
+        PartAck(
+            name=shard.name,
+            part_id=os.urandom(8).hex(),
+            size=shard.size,
+            digest=shard.digest,
+            encoding=SHARD_ENCODING,
+            position=position,
+        )
+        for position, shard in enumerate(shards)
+    ]
+    controller = PartRecord(
+        name=metadata_object.name,
+        part_id=os.urandom(8).hex(),
+        size=metadata_object.size,
+        digest=metadata_object.digest,
+        encoding=METADATA_ENCODING,
+    )
+    _, manifest_bytes = write_manifest(
+        layout, version_id, controller=controller, parts=parts, metadata=user_metadata
+    )
+    # The commit point (one atomic pointer write), then garbage collection of older versions.
+    publish_pointer(layout, version_id, manifest_bytes)
+
+
+def read_committed_version(root: str, storage_options: StorageOptions | None) -> Committed:
+    """The committed version of ``root``; ``CheckpointNotFoundError`` / ``CheckpointCorruptError``."""
+    manifest = read_committed(_layout(root, storage_options))
+    record = manifest.controller
+    if record is None or record.encoding != METADATA_ENCODING:
+        raise CheckpointCorruptError(
+            f"{root} is a flyte_checkpoint.state checkpoint, but not a distributed (DCP) one: its "
+            "manifest records no DCP metadata; load it with flyte_checkpoint.state instead"
+        )
+    return Committed(
+        version_id=manifest.version_id,
+        metadata_object=StoredObject(record.name, record.size, record.digest),
+        shards={part.name: StoredObject(part.name, part.size, part.digest) for part in manifest.parts},
+        user_metadata=dict(manifest.metadata),
+    )
+
+
+def fetch_verified(
+    root: str, storage_options: StorageOptions | None, version_id: str, stored: StoredObject, label: str
+) -> bytes:
+    """The bytes of one small object, checked against its recorded size and digest (with retries)."""
+    record = PartRecord(
+        name=stored.name, part_id="-", size=stored.size, digest=stored.digest, encoding=METADATA_ENCODING
+    )
+    layout = _layout(root, storage_options)
+    return fetch_bytes(layout.backend, object_uri(root, version_id, stored.name), record, label)
+
+
+def version_replaced(root: str, storage_options: StorageOptions | None, version_id: str) -> bool:
+    """Whether a newer commit replaced ``version_id`` (a failed read of it is then a race, not damage)."""
+    return pointer_moved(_layout(root, storage_options), version_id)
+
+
+def collect_uncommitted(root: str, storage_options: StorageOptions | None) -> list[str]:
+    """Remove versions the pointer does not name (left by failed saves); best-effort."""
+    layout = _layout(root, storage_options)
+    return collect_garbage(layout, keep="")
+
+
+# --------------------------------------------------------------------------- steps and retention
+
+
+def _steps(root: str, storage_options: StorageOptions | None, keep_last: int | None) -> CheckpointManager:
+    return CheckpointManager(root, keep_last=keep_last, storage_options=storage_options)
+
+
+def step_dir(root: str, step: int) -> str:
+    """The checkpoint directory of ``step`` under ``root`` (``root/step_<n>``)."""
+    return f"{root}/{STEP_DIR_PREFIX}{step}"
+
+
+def committed_steps(root: str, storage_options: StorageOptions | None) -> list[int]:
+    """The committed steps under ``root``, oldest first."""
+    return _steps(root, storage_options, None).steps()
+
+
+def apply_retention(
+    root: str, storage_options: StorageOptions | None, keep_last: int, protect: set[int]
+) -> list[int]:
+    """Keep the newest ``keep_last`` committed steps and ``protect``; returns the deleted steps."""
+    return _steps(root, storage_options, keep_last)._apply_retention(protect=protect)
