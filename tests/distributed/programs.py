@@ -8,6 +8,7 @@ the exact full tensors any load must give back.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 from typing import Any
@@ -25,7 +26,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.futures import Future
 
-import flyte_checkpoint.state.commit as state_commit
 from flyte_checkpoint.distributed import (
     CheckpointReader,
     CheckpointWriter,
@@ -35,6 +35,8 @@ from flyte_checkpoint.distributed import (
 )
 
 WIDTH = 24
+# The module, not the function ``flyte_checkpoint.state.commit`` that the package re-exports.
+state_commit: Any = importlib.import_module("flyte_checkpoint.state.commit")
 
 
 def tiny_model(seed: int) -> nn.Module:
@@ -222,3 +224,16 @@ def flyte_attempt(rank: int, world_size: int, args: dict[str, Any]) -> dict[str,
                 dist.barrier()
                 _die()
         return {"resumed": start, "steps": manager.steps()}
+
+
+def save_series(rank: int, world_size: int, args: dict[str, Any]) -> list[int]:
+    """Save ``seeds`` one after another (the parent SIGKILLs some rank at a random instant)."""
+    saved = []
+    for seed in args["seeds"]:
+        model = sharded_model(seed, world_size)
+        dcp_save(
+            app_state(model, seed),
+            storage_writer=CheckpointWriter(args["root"], storage_options=args.get("storage_options")),
+        )
+        saved.append(seed)
+    return saved

@@ -50,7 +50,7 @@ def test_a_second_save_replaces_the_first_and_removes_its_version(local_store: S
     assert first != second
 
 
-@pytest.mark.parametrize(("mode", "backend"), [("thread", "local"), ("thread", "s3"), ("process", "s3")])
+@pytest.mark.parametrize(("mode", "backend"), [("thread", "local"), ("thread", "s3"), ("process", "local")])
 def test_an_async_save_commits_the_state_it_staged(
     mode: str, backend: str, request: pytest.FixtureRequest
 ) -> None:
