@@ -74,7 +74,7 @@ def test_the_manager_keeps_the_newest_steps_and_falls_back_past_a_damaged_one(lo
     assert restored.step == 2
     assert matches_seed(state["model"], 2)
     assert state["extra"]["seed"] == 2
-    with pytest.raises(CheckpointCorruptError, match="shard-00000.distcp"):
+    with pytest.raises(CheckpointCorruptError, match=r"shard-00000\.distcp"):
         manager.load(empty_app_state(), step=3)
 
 
