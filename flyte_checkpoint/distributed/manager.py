@@ -97,8 +97,8 @@ class DistributedCheckpointManager:
         return _commit.step_dir(self.root, _check_step(step))
 
     def steps(self) -> list[int]:
-        """The committed steps under ``root``, oldest first (as rank 0 sees them, on every rank)."""
-        return self._agreed(lambda: _commit.committed_steps(self.root, self.storage_options))
+        """The committed steps under ``root``, oldest first (a plain listing: call it on any rank)."""
+        return _commit.committed_steps(self.root, self.storage_options)
 
     def latest_step(self) -> int | None:
         steps = self.steps()
@@ -149,7 +149,9 @@ class DistributedCheckpointManager:
         """
         if step is not None:
             return self._load(self.root, _check_step(step), state_dict)
-        candidates = [(self.root, found) for found in reversed(self.steps())]
+        # Listed by rank 0 for all: ranks listing on their own could race a save and disagree.
+        own = self._agreed(self.steps)
+        candidates = [(self.root, found) for found in reversed(own)]
         if self.resume_from is not None and self.resume_from != self.root:
             resume_root = self.resume_from
             found_there = self._agreed(lambda: _commit.committed_steps(resume_root, self.storage_options))
