@@ -32,7 +32,7 @@ from torch.futures import Future
 from flyte_checkpoint.distributed import _commit
 from flyte_checkpoint.distributed.records import ItemLocation, SaveTarget, shard_name
 from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError, UnsupportedTypeError
-from flyte_checkpoint.storage import DIGEST_KEY, Backend, StorageOptions
+from flyte_checkpoint.storage import COPY_CHUNK, DIGEST_KEY, Backend, StorageOptions
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.uris import check_supported
@@ -91,7 +91,9 @@ def write_shard(
         for item in items:
             view, dtype, shape = encoded_item(item, resolve(item))
             offset = writer.tell()
-            writer.write(view)
+            # In COPY_CHUNK slices: larger single writes can stall in the kernel (see COPY_CHUNK).
+            for start in range(0, len(view), COPY_CHUNK):
+                writer.write(view[start : start + COPY_CHUNK])
             placed.append((item, offset, len(view), digest_of(view), dtype, shape))
     except BaseException:
         writer.abort()
