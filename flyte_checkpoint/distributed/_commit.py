@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyte_checkpoint.errors import CheckpointCorruptError
-from flyte_checkpoint.state.commit import collect_garbage, pointer_moved, read_committed, write_manifest
+from flyte_checkpoint.state.commit import pointer_moved, read_committed, write_manifest
 from flyte_checkpoint.state.commit import publish as publish_pointer
 from flyte_checkpoint.state.layout import VERSIONS_DIR, Layout, _normalised_root, new_version_id
 from flyte_checkpoint.state.manager import STEP_DIR_PREFIX, CheckpointManager
@@ -41,7 +41,6 @@ __all__ = [
     "apply_retention",
     "backend_of",
     "checked_metadata",
-    "collect_uncommitted",
     "commit_version",
     "committed_steps",
     "fetch_verified",
@@ -172,12 +171,6 @@ def fetch_verified(
 def version_replaced(root: str, storage_options: StorageOptions | None, version_id: str) -> bool:
     """Whether a newer commit replaced ``version_id`` (a failed read of it is then a race, not damage)."""
     return pointer_moved(_layout(root, storage_options), version_id)
-
-
-def collect_uncommitted(root: str, storage_options: StorageOptions | None) -> list[str]:
-    """Remove versions the pointer does not name (left by failed saves); best-effort."""
-    layout = _layout(root, storage_options)
-    return collect_garbage(layout, keep="")
 
 
 # --------------------------------------------------------------------------- steps and retention

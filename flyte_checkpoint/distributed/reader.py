@@ -23,15 +23,15 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from flyte_checkpoint.distributed import _commit
+from flyte_checkpoint.distributed.location import CheckpointLocation
 from flyte_checkpoint.distributed.records import ItemLocation, LoadSource
 from flyte_checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointUnavailableError,
 )
-from flyte_checkpoint.storage import Backend, StorageOptions, VerifyingReader
+from flyte_checkpoint.storage import StorageOptions, VerifyingReader
 from flyte_checkpoint.storage.digests import ContentDigest
-from flyte_checkpoint.uris import check_supported
 
 _SKIP_CHUNK = 1 << 20
 
@@ -69,7 +69,7 @@ def read_committed_metadata(root: str, storage_options: StorageOptions | None) -
     return CommittedMetadata(committed.version_id, metadata, committed.user_metadata, dict(committed.shards))
 
 
-class CheckpointReader(StorageReader):
+class CheckpointReader(CheckpointLocation, StorageReader):
     """Load the committed DCP checkpoint of ``checkpoint_dir`` (written by :class:`CheckpointWriter`).
 
     Use it with ``torch.distributed.checkpoint.load``, with any world size (DCP reshards)::
@@ -87,43 +87,18 @@ class CheckpointReader(StorageReader):
         storage_options: StorageOptions | None = None,
         committed: CommittedMetadata | None = None,
     ) -> None:
-        super().__init__()
-        self.root = _commit.root_of(checkpoint_dir)
-        self.storage_options = dict(storage_options) if storage_options is not None else None
+        StorageReader.__init__(self)
+        CheckpointLocation.__init__(self, checkpoint_dir, storage_options)
         self.load_id = uuid.uuid4().hex
         self.committed = committed
-        self._backend: Backend | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_backend"] = None
-        return state
-
-    @property
-    def backend(self) -> Backend:
-        if self._backend is None:
-            self._backend = _commit.backend_of(self.root, self.storage_options)
-        return self._backend
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.root
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        try:
-            check_supported(os.fspath(checkpoint_id))
-        except (CheckpointError, TypeError):
-            return False
-        return True
+        return CheckpointLocation.validate_checkpoint_id(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id:
-            root = _commit.root_of(checkpoint_id)
-            if root != self.root:
-                self.root = root
-                self._backend = None
-                self.committed = None
+        if self._retarget(checkpoint_id):
+            self.committed = None
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self) -> Metadata:

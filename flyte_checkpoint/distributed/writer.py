@@ -30,12 +30,12 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from flyte_checkpoint.distributed import _commit
+from flyte_checkpoint.distributed.location import CheckpointLocation
 from flyte_checkpoint.distributed.records import ItemLocation, SaveTarget, shard_name
 from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError, UnsupportedTypeError
 from flyte_checkpoint.storage import COPY_CHUNK, DIGEST_KEY, Backend, StorageOptions
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.retry import RetryPolicy
-from flyte_checkpoint.uris import check_supported
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -119,7 +119,7 @@ def write_shard(
     ]
 
 
-class CheckpointWriter(StorageWriter):
+class CheckpointWriter(CheckpointLocation, StorageWriter):
     """Save a DCP checkpoint to ``checkpoint_dir`` (local path, ``s3://``, ``gs://``, ``abfs://``...).
 
     Use it with ``torch.distributed.checkpoint.save`` or ``async_save`` (thread or process mode;
@@ -141,48 +141,21 @@ class CheckpointWriter(StorageWriter):
         metadata: dict[str, Any] | None = None,
         retention: Retention | None = None,
     ) -> None:
-        super().__init__()
-        self.root = _commit.root_of(checkpoint_dir)
-        self.storage_options = dict(storage_options) if storage_options is not None else None
+        StorageWriter.__init__(self)
+        CheckpointLocation.__init__(self, checkpoint_dir, storage_options)
         self.metadata = _commit.checked_metadata(metadata)
         self.retention = retention
         self.save_id = uuid.uuid4().hex
         self.rank = 0
         self.is_coordinator = False
         self.version_id: str | None = None
-        self._backend: Backend | None = None
-
-    # The backend holds clients and event loops that do not pickle: a pickled writer (async_save
-    # in process mode) builds its own on first use.
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_backend"] = None
-        return state
-
-    @property
-    def backend(self) -> Backend:
-        if self._backend is None:
-            self._backend = _commit.backend_of(self.root, self.storage_options)
-        return self._backend
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.root
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        try:
-            check_supported(os.fspath(checkpoint_id))
-        except (CheckpointError, TypeError):
-            return False
-        return True
+        return CheckpointLocation.validate_checkpoint_id(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id:
-            root = _commit.root_of(checkpoint_id)
-            if root != self.root:
-                self.root = root
-                self._backend = None
+        self._retarget(checkpoint_id)
         self.save_id = uuid.uuid4().hex
         self.version_id = None
 

@@ -75,14 +75,15 @@ def test_a_rank_killed_at_a_random_instant_of_a_save_series_leaves_one_complete_
     chooser = random.Random(trial)
     root = local_store.uri("ckpt")
     ranks.run("save", 4, {"root": root, "seed": 1})
-    seeds = list(range(10, 16))
+    seeds = list(range(10, 50))  # long enough that the kill lands inside the series
     victim = chooser.randrange(4)
     outcome = ranks.launch(
         "save_series",
         4,
         {"root": root, "seeds": seeds, "pg_timeout": PG_TIMEOUT},
         timeout=60,
-        kill_after=(victim, chooser.uniform(0.2, 1.5)),
+        kill_after=(victim, chooser.uniform(0.5, 1.5)),
     )
+    assert outcome.exit_codes[victim] == -9, f"the series ended before rank {victim} was killed"
     loaded = seed_of(load_here(root), [1, *seeds])
     assert loaded is not None, f"killing rank {victim} left a mix of saves ({outcome.exit_codes})"
