@@ -7,6 +7,7 @@ A distributed save is a ``flyte_checkpoint.state`` checkpoint directory like any
       versions/<version_id>/
         shard-00000.distcp ...       one object per saving rank (the manifest's parts)
         dcp.metadata                 DCP's pickled Metadata (the manifest's controller record)
+                                     (the manifest's metadata carries the DCP_MARKER)
         metadata.json, manifest.json
 
 so the state package's pointer commit, its reading of what is committed and its garbage
@@ -25,14 +26,16 @@ from typing import Any
 from flyte_checkpoint.errors import CheckpointCorruptError
 from flyte_checkpoint.state.commit import pointer_moved, read_committed, write_manifest
 from flyte_checkpoint.state.commit import publish as publish_pointer
+from flyte_checkpoint.state.components import Payload
 from flyte_checkpoint.state.layout import VERSIONS_DIR, Layout, _normalised_root, new_version_id
 from flyte_checkpoint.state.manager import STEP_DIR_PREFIX, CheckpointManager
 from flyte_checkpoint.state.manifest import PartAck, PartRecord, checked_metadata
-from flyte_checkpoint.state.objects import fetch_bytes
+from flyte_checkpoint.state.objects import fetch_bytes, write_object
 from flyte_checkpoint.storage import Backend, StorageOptions
 from flyte_checkpoint.uris import check_supported
 
 __all__ = [
+    "DCP_MARKER",
     "METADATA_ENCODING",
     "METADATA_NAME",
     "SHARD_ENCODING",
@@ -56,6 +59,8 @@ __all__ = [
 METADATA_NAME = "dcp.metadata"
 """DCP's ``Metadata`` object in a version directory (``.metadata`` in DCP's own layout)."""
 METADATA_ENCODING = "dcp-metadata-pickle-v1"
+DCP_MARKER = "flyte_checkpoint.distributed"
+"""Key in the manifest's metadata (value: the format version, 1) that marks a DCP checkpoint."""
 SHARD_ENCODING = "dcp-shard-v1"
 
 
@@ -106,13 +111,15 @@ def commit_version(
     storage_options: StorageOptions | None,
     version_id: str,
     shards: Sequence[StoredObject],
-    metadata_object: StoredObject,
+    dcp_metadata: bytes,
     user_metadata: dict[str, Any],
 ) -> None:
-    """Commit ``version_id``, whose objects are all stored: manifest, then the pointer, then GC.
+    """Commit ``version_id``, whose shards every rank has stored: DCP's metadata, the manifest, then
+    the pointer (the commit point), then garbage collection of older versions.
 
     The shards become the manifest's parts (by position, in the given order) and DCP's metadata
-    object its controller record, so ``read_committed`` pins every object by size and digest.
+    its controller record, so the committed manifest pins every object by size and digest. The
+    marker in the manifest's metadata tells a DCP checkpoint from other state checkpoints.
     """
     layout = _layout(root, storage_options)
     parts = [
@@ -126,17 +133,19 @@ def commit_version(
         )
         for position, shard in enumerate(shards)
     ]
+    written = write_object(
+        layout.backend, layout.object_uri(version_id, METADATA_NAME), Payload(dcp_metadata, METADATA_ENCODING)
+    )
     controller = PartRecord(
-        name=metadata_object.name,
+        name=METADATA_NAME,
         part_id=os.urandom(8).hex(),
-        size=metadata_object.size,
-        digest=metadata_object.digest,
+        size=written.size,
+        digest=written.digest,
         encoding=METADATA_ENCODING,
     )
     _, manifest_bytes = write_manifest(
-        layout, version_id, controller=controller, parts=parts, metadata=user_metadata
+        layout, version_id, controller=controller, parts=parts, metadata={**user_metadata, DCP_MARKER: 1}
     )
-    # The commit point (one atomic pointer write), then garbage collection of older versions.
     publish_pointer(layout, version_id, manifest_bytes)
 
 
@@ -144,16 +153,17 @@ def read_committed_version(root: str, storage_options: StorageOptions | None) ->
     """The committed version of ``root``; ``CheckpointNotFoundError`` / ``CheckpointCorruptError``."""
     manifest = read_committed(_layout(root, storage_options))
     record = manifest.controller
-    if record is None or record.encoding != METADATA_ENCODING:
+    if record is None or manifest.metadata.get(DCP_MARKER) != 1:
         raise CheckpointCorruptError(
             f"{root} is a flyte_checkpoint.state checkpoint, but not a distributed (DCP) one: its "
             "manifest records no DCP metadata; load it with flyte_checkpoint.state instead"
         )
+    user_metadata = {key: value for key, value in manifest.metadata.items() if key != DCP_MARKER}
     return Committed(
         version_id=manifest.version_id,
         metadata_object=StoredObject(record.name, record.size, record.digest),
         shards={part.name: StoredObject(part.name, part.size, part.digest) for part in manifest.parts},
-        user_metadata=dict(manifest.metadata),
+        user_metadata=user_metadata,
     )
 
 

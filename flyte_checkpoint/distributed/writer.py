@@ -219,15 +219,12 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = locations
         metadata.storage_meta = self.storage_meta()
-        data = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
-        uri = _commit.object_uri(self.root, version, _commit.METADATA_NAME)
-        stored = RETRY.call(lambda: _write_bytes(self.backend, uri, data), describe=f"saving {uri}")
         _commit.commit_version(
             self.root,
             self.storage_options,
             version,
             [shards[name] for name in sorted(shards)],
-            _commit.StoredObject(_commit.METADATA_NAME, stored[0], stored[1]),
+            pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL),
             self.metadata,
         )
         self._apply_retention()
@@ -246,15 +243,3 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
             return
         if deleted:
             logger.info("retention deleted steps %s under %s", deleted, retention.steps_root)
-
-
-def _write_bytes(backend: Backend, uri: str, data: bytes) -> tuple[int, str]:
-    """Store ``data`` atomically at ``uri``; its size and labelled digest."""
-    writer = backend.open_write(uri, {})
-    try:
-        writer.write(data)
-    except BaseException:
-        writer.abort()
-        raise
-    info = writer.commit()
-    return info.size, info.metadata[DIGEST_KEY]
