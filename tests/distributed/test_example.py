@@ -38,3 +38,22 @@ def test_the_example_resumes_on_two_ranks_from_the_last_step_four_ranks_committe
     ]
     # Retention keeps the newest two steps and, until the run ends, the step it resumed from.
     assert f"2 ranks: done at step 8; committed steps [{resumed}, 7, 8]" in result.stdout
+
+
+def test_the_example_trains_and_saves_under_torchrun(tmp_path: Path) -> None:
+    """The launcher Flyte's Elastic plugin runs: torchrun sets RANK, WORLD_SIZE and the rendezvous."""
+    command = [sys.executable, "-W", "ignore", "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(REPO / "examples" / "dcp_resume.py"), "train"]
+    command += ["--storage", str(tmp_path / "ck"), "--steps", "2"]
+    result = subprocess.run(
+        command,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "2 ranks: starting fresh" in result.stdout
+    assert "2 ranks: done at step 2; committed steps [1, 2]" in result.stdout
