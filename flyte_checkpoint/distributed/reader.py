@@ -200,14 +200,14 @@ def _deliver_items(
         location = by_offset[offset]
         position += _skip(reader, offset - position)
         data = _read_exactly(reader, location.length)
-        position += len(data)
-        if len(data) != location.length:
+        position += data.numel()
+        if data.numel() != location.length:
             raise CheckpointCorruptError(
                 f"shard {uri} is damaged: it ends at byte {position}, inside item "
                 f"{wanted[offset][0].storage_index.fqn} (bytes {offset}..{offset + location.length})"
             )
         digest = ContentDigest.like(location.digest, where=f"shard {uri}")
-        digest.update(data)
+        digest.update(memoryview(cast(bytes, data.numpy())))
         if digest.value != location.digest:
             raise CheckpointCorruptError(
                 f"shard {uri} is damaged: item {wanted[offset][0].storage_index.fqn} (bytes {offset}.."
@@ -217,14 +217,14 @@ def _deliver_items(
             _apply(request, data, location, planner)
 
 
-def _apply(request: ReadItem, data: bytearray, location: ItemLocation, planner: LoadPlanner) -> None:
+def _apply(request: ReadItem, data: torch.Tensor, location: ItemLocation, planner: LoadPlanner) -> None:
     if request.type == LoadItemType.BYTE_IO:
-        planner.load_bytes(request, io.BytesIO(data))
+        planner.load_bytes(request, io.BytesIO(data.numpy().tobytes()))
         return
     assert location.dtype is not None
     assert location.shape is not None
     dtype = getattr(torch, location.dtype)
-    stored = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+    stored = data.view(dtype)
     tensor = narrow_tensor_by_index(stored.reshape(location.shape), request.storage_offsets, request.lengths)
     target = planner.resolve_tensor(request).detach()
     if target.size() != tensor.size():
@@ -248,9 +248,11 @@ def _skip(reader: VerifyingReader, count: int) -> int:
     return skipped
 
 
-def _read_exactly(reader: VerifyingReader, length: int) -> bytearray:
-    buffer = bytearray(length)
-    view = memoryview(buffer)
+def _read_exactly(reader: VerifyingReader, length: int) -> torch.Tensor:
+    """The next ``length`` bytes (fewer at the end of the object), in an uninitialised uint8 tensor:
+    no zero-filling of a buffer that is about to be overwritten, and DCP gets a tensor view of it."""
+    buffer = torch.empty(length, dtype=torch.uint8)
+    view = memoryview(cast(bytes, buffer.numpy()))
     filled = 0
     while filled < length:
         got = reader.readinto(view[filled:])
