@@ -8,7 +8,6 @@ the exact full tensors any load must give back.
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 from typing import Any
@@ -30,13 +29,10 @@ from flyte_checkpoint.distributed import (
     CheckpointReader,
     CheckpointWriter,
     DistributedCheckpointManager,
-    _commit,
     task_locations,
 )
 
 WIDTH = 24
-# The module, not the function ``flyte_checkpoint.state.commit`` that the package re-exports.
-state_commit: Any = importlib.import_module("flyte_checkpoint.state.commit")
 
 
 def tiny_model(seed: int) -> nn.Module:
@@ -112,30 +108,29 @@ class KillingWriter(CheckpointWriter):
     def finish(self, metadata: Any, results: list[list[WriteResult]]) -> None:
         if self._here("before_metadata"):
             _die()
-        if self._here("before_pointer"):
-            publish = _commit.publish_pointer
+        if self._here("before_pointer") or self._here("after_pointer"):
+            # At the storage seam, not inside flyte_checkpoint.state: the pointer is the one write
+            # to COMMITTED.json, and garbage collection after it deletes the older version.
+            backend = type(self.backend)
+            open_write, delete_prefix = backend.open_write, backend.delete_prefix
 
-            def die_before(layout: Any, version_id: str, manifest_bytes: bytes) -> None:
+            def die_at_pointer(this: Any, uri: str, *args: Any, **kwargs: Any) -> Any:
+                if uri.endswith("/COMMITTED.json"):
+                    _die()
+                return open_write(this, uri, *args, **kwargs)
+
+            def die_collecting(this: Any, uri: str) -> None:
                 _die()
 
-            _commit.publish_pointer = die_before
+            if self.kill_point == "before_pointer":
+                backend.open_write = die_at_pointer  # type: ignore[method-assign,assignment]
+            else:
+                backend.delete_prefix = die_collecting  # type: ignore[method-assign,assignment]
             try:
                 super().finish(metadata, results)
             finally:
-                _commit.publish_pointer = publish
-            return
-        if self._here("after_pointer"):
-            collect = state_commit.collect_garbage
-
-            def die_collecting(layout: Any, *, keep: str) -> list[str]:
-                _die()
-                return []
-
-            state_commit.collect_garbage = die_collecting
-            try:
-                super().finish(metadata, results)
-            finally:
-                state_commit.collect_garbage = collect
+                backend.open_write = open_write  # type: ignore[method-assign]
+                backend.delete_prefix = delete_prefix  # type: ignore[method-assign]
             return
         super().finish(metadata, results)
 
