@@ -6,13 +6,13 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -26,6 +26,9 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
 )
 from flyte_checkpoint.storage import StorageOptions
+
+if TYPE_CHECKING:  # recent torch only; named in a return annotation alone
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 logger = logging.getLogger("flyte_checkpoint")
 
