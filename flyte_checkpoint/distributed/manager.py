@@ -1,0 +1,261 @@
+"""Numbered DCP checkpoints (``root/step_<n>``) with retention, and loads that fall back to a good step."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from flyte_checkpoint.distributed import _commit
+from flyte_checkpoint.distributed.reader import CheckpointReader, CommittedMetadata, read_committed_metadata
+from flyte_checkpoint.distributed.writer import CheckpointWriter, Retention
+from flyte_checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    InvalidCheckpointInputError,
+)
+from flyte_checkpoint.storage import StorageOptions
+
+if TYPE_CHECKING:  # recent torch only; named in a return annotation alone
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+logger = logging.getLogger("flyte_checkpoint")
+
+T = TypeVar("T")
+
+
+class RestoredStep(BaseModel):
+    """What :meth:`DistributedCheckpointManager.load` restored, and from where."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    version_id: str
+    checkpoint_dir: str
+    metadata: dict[str, Any]
+
+
+def _check_step(step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise InvalidCheckpointInputError(f"step must be a non-negative int, not {step!r}")
+    return step
+
+
+def checkpoint_failure(exc: BaseException) -> CheckpointError | None:
+    """The first of our typed errors inside ``exc`` (a DCP ``CheckpointException`` gathers the
+    exceptions of every failed rank), or ``None``."""
+    if isinstance(exc, CheckpointError):
+        return exc
+    if isinstance(exc, CheckpointException):
+        for rank in sorted(exc.failures):
+            inner = exc.failures[rank][0]
+            if isinstance(inner, CheckpointError):
+                return inner
+    return None
+
+
+class DistributedCheckpointManager:
+    """DCP checkpoints of numbered steps under ``root``, one atomic checkpoint directory per step.
+
+    Call every method on every rank, as you call ``dcp.save``/``dcp.load``. ``save(step, sd)``
+    writes ``root/step_<step>`` with :class:`CheckpointWriter`; after the commit the coordinator
+    keeps only the newest ``keep_last`` committed steps (never the step resumed from). ``load(sd)``
+    restores the newest committed step that verifies, falling back to older ones (and then to
+    ``resume_from``, e.g. the previous Flyte attempt's root) with a warning naming the reason.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        keep_last: int | None = None,
+        storage_options: StorageOptions | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if keep_last is not None and (
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+        ):
+            raise InvalidCheckpointInputError(f"keep_last must be a positive int or None, not {keep_last!r}")
+        self.root = _commit.root_of(root)
+        self.resume_from = _commit.root_of(resume_from) if resume_from is not None else None
+        self.keep_last = keep_last
+        self.storage_options = dict(storage_options) if storage_options is not None else None
+        self.process_group = process_group
+        self.resumed_step: int | None = None
+        """The step of ``root`` the last successful :meth:`load` restored; retention keeps it."""
+
+    def checkpoint_dir(self, step: int) -> str:
+        return _commit.step_dir(self.root, _check_step(step))
+
+    def steps(self) -> list[int]:
+        """The committed steps under ``root``, oldest first (a plain listing: call it on any rank)."""
+        return _commit.committed_steps(self.root, self.storage_options)
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def writer(self, step: int, *, metadata: dict[str, Any] | None = None) -> CheckpointWriter:
+        """The storage writer of ``step``, carrying this manager's retention."""
+        retention = None
+        if self.keep_last is not None:
+            protect = {_check_step(step)} | ({self.resumed_step} if self.resumed_step is not None else set())
+            retention = Retention(self.root, self.keep_last, frozenset(protect))
+        return CheckpointWriter(
+            self.checkpoint_dir(step),
+            storage_options=self.storage_options,
+            metadata={"step": step, **(metadata or {})},
+            retention=retention,
+        )
+
+    def save(self, step: int, state_dict: dict[str, Any], *, metadata: dict[str, Any] | None = None) -> None:
+        """Save ``state_dict`` as ``step`` (replacing an earlier save of it atomically), then retain."""
+        dcp_save(
+            state_dict, storage_writer=self.writer(step, metadata=metadata), process_group=self.process_group
+        )
+
+    def async_save(
+        self,
+        step: int,
+        state_dict: dict[str, Any],
+        *,
+        metadata: dict[str, Any] | None = None,
+        async_checkpointer_type: AsyncCheckpointerType = AsyncCheckpointerType.THREAD,
+    ) -> Future[Any] | AsyncSaveResponse:
+        """Like :meth:`save`, in the background: ``dcp.async_save``'s future completes after the commit."""
+        return dcp_async_save(
+            state_dict,
+            storage_writer=self.writer(step, metadata=metadata),
+            process_group=self.process_group,
+            async_checkpointer_type=async_checkpointer_type,
+        )
+
+    def load(self, state_dict: dict[str, Any], *, step: int | None = None) -> RestoredStep | None:
+        """Restore ``step``, or the newest committed step that verifies; ``None`` when there is none.
+
+        With ``step=None`` a step whose metadata or any shard fails verification is skipped with a
+        warning, and the next older one tried (those of ``root`` first, then of ``resume_from``);
+        when none loads, :class:`CheckpointCorruptError` lists every reason. Any other failure is
+        raised as is. An explicit ``step`` (of ``root``) is loaded or raises.
+        """
+        if step is not None:
+            return self._load(self.root, _check_step(step), state_dict)
+        # Listed by rank 0 for all: ranks listing on their own could race a save and disagree.
+        own = self._agreed(self.steps)
+        candidates = [(self.root, found) for found in reversed(own)]
+        if self.resume_from is not None and self.resume_from != self.root:
+            resume_root = self.resume_from
+            found_there = self._agreed(lambda: _commit.committed_steps(resume_root, self.storage_options))
+            candidates += [(resume_root, found) for found in reversed(found_there)]
+        if not candidates:
+            return None
+        reasons: list[str] = []
+        for index, (root, candidate) in enumerate(candidates):
+            try:
+                return self._load(root, candidate, state_dict)
+            except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
+                reasons.append(f"{root} step {candidate}: {exc}")
+                older = candidates[index + 1] if index + 1 < len(candidates) else None
+                logger.warning(
+                    "checkpoint step %d under %s failed verification, %s: %s",
+                    candidate,
+                    root,
+                    f"falling back to step {older[1]} under {older[0]}"
+                    if older
+                    else "and no older step is left",
+                    exc,
+                )
+        raise CheckpointCorruptError("no committed step could be loaded: " + "; ".join(reasons))
+
+    def _load(self, root: str, step: int, state_dict: dict[str, Any]) -> RestoredStep:
+        directory = _commit.step_dir(root, step)
+        committed = self._verified_metadata(directory)
+        try:
+            dcp_load(
+                state_dict,
+                storage_reader=CheckpointReader(
+                    directory, storage_options=self.storage_options, committed=committed
+                ),
+                process_group=self.process_group,
+            )
+        except BaseException as exc:
+            failure = checkpoint_failure(exc)
+            if failure is None or failure is exc:
+                raise
+            raise failure from exc
+        if root == self.root:
+            self.resumed_step = step
+        return RestoredStep(
+            step=step,
+            version_id=committed.version_id,
+            checkpoint_dir=directory,
+            metadata=committed.user_metadata,
+        )
+
+    def _verified_metadata(self, directory: str) -> CommittedMetadata:
+        """The step's metadata, read on every rank; if any rank fails, every rank raises alike."""
+        failure: CheckpointError | None = None
+        committed: CommittedMetadata | None = None
+        try:
+            committed = read_committed_metadata(directory, self.storage_options)
+        except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
+            failure = exc
+        outcomes = self._gathered(None if failure is None else (type(failure).__name__, str(failure)))
+        for rank, outcome in enumerate(outcomes):
+            if outcome is not None and failure is None:
+                kind, message = outcome
+                error = (
+                    CheckpointNotFoundError
+                    if kind == CheckpointNotFoundError.__name__
+                    else CheckpointCorruptError
+                )
+                failure = error(f"{message} (on rank {rank})")
+        if failure is not None:
+            raise failure
+        assert committed is not None
+        return committed
+
+    # ---------------------------------------------------------------- agreement between ranks
+
+    def _distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def _agreed(self, compute: Callable[[], T]) -> T:
+        """``compute()`` as rank 0 of the group sees it, on every rank (listings may race a save).
+
+        A failure on rank 0 is raised on every rank, so no rank waits for an answer that never comes.
+        """
+        if not self._distributed():
+            return compute()
+        answer: tuple[T | None, BaseException | None] = (None, None)
+        if dist.get_rank(self.process_group) == 0:
+            try:
+                answer = (compute(), None)
+            except CheckpointError as exc:
+                answer = (None, exc)
+        holder: list[Any] = [answer]
+        source = 0 if self.process_group is None else dist.get_global_rank(self.process_group, 0)
+        dist.broadcast_object_list(holder, src=source, group=self.process_group)
+        value, error = holder[0]
+        if error is not None:
+            raise error
+        return cast(T, value)
+
+    def _gathered(self, value: T) -> Sequence[T]:
+        if not self._distributed():
+            return [value]
+        gathered: list[T] = [value] * dist.get_world_size(self.process_group)
+        dist.all_gather_object(gathered, value, group=self.process_group)
+        return gathered
