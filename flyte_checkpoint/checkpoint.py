@@ -30,7 +30,7 @@ from flyte_checkpoint.storage import (
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import load_object, save_object
-from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
+from flyte_checkpoint.uris import check_object_uri, clean_uri, is_local, repair_prev_checkpoint_uri
 from flyte_checkpoint.workspace import Workspace
 
 CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
@@ -126,6 +126,9 @@ class Checkpoint(BaseCheckpoint):
         if src is not None and repair_prev_uri and not is_local(src):
             run_name, action_name = _names_from_context(run_name, action_name)
             src = repair_prev_checkpoint_uri(src, run_name=run_name, action_name=action_name)
+        for uri in (dest, src):
+            if uri is not None:
+                check_object_uri(uri)
         self._dest = dest
         self._src = src
         self._storage_options = storage_options

@@ -24,6 +24,7 @@ from flyte_checkpoint.storage import COPY_CHUNK, StorageOptions, VerifyingReader
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import DEFAULT_RETRY, classify, holds_checkpoint, load_object, read_object
+from flyte_checkpoint.uris import check_object_uri
 
 
 class ObjectReport(BaseModel):
@@ -85,6 +86,7 @@ def inspect_object(
         verified = True if reader.verified else None
         return report.model_copy(update={"kind": kind, "verified": verified, "members": members})
 
+    check_object_uri(uri)
     backend = backend_for(uri, storage_options)
     report = read_object(backend, uri, describe, retry=retry, progress=progress)
     if report is None:
@@ -109,6 +111,7 @@ def restore_to(
     failure never leaves a half-restored tree in ``target``. Transient storage failures are
     retried within ``retry``, as a task's load does.
     """
+    check_object_uri(uri)
     target = target.absolute()
     if target.exists() and not target.is_dir():
         raise InvalidCheckpointInputError(f"{target} is a file; name a directory to restore into")
