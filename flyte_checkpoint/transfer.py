@@ -26,7 +26,7 @@ from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, add_context
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
-from flyte_checkpoint.storage import FORMAT_KEY, SIZE_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
+from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
 from flyte_checkpoint.storage.base import COPY_CHUNK
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
@@ -134,8 +134,8 @@ def holds_checkpoint(info: ObjectInfo) -> bool:
     """
     if info.size:
         return True
-    recorded = info.metadata.get(SIZE_KEY, "0")
-    if recorded != "0":
+    recorded = info.recorded_size
+    if recorded:
         raise CheckpointCorruptError(
             f"checkpoint {info.uri} is damaged: it is empty, but {recorded} bytes were written; "
             "delete it to start fresh or point the source at a sound copy"
