@@ -15,6 +15,7 @@ __all__ = [
     "check_object_uri",
     "check_supported",
     "clean_uri",
+    "container_and_key",
     "current_attempt_number",
     "is_local",
     "local_path",
@@ -60,7 +61,7 @@ def _check_scheme(uri: str) -> str:
     return scheme
 
 
-def _container_and_key(uri: str) -> tuple[str, str]:
+def container_and_key(uri: str) -> tuple[str, str]:
     """The bucket (or container) and the key of a remote ``uri``; either may be empty."""
     rest = uri.split("://", 1)[1]
     netloc, _, key = rest.partition("/")
@@ -75,7 +76,7 @@ def check_supported(uri: str) -> str:
     container (``s3:///key``), which no store can serve.
     """
     scheme = _check_scheme(uri)
-    if scheme in REMOTE_SCHEMES and not _container_and_key(uri)[0]:
+    if scheme in REMOTE_SCHEMES and not container_and_key(uri)[0]:
         raise UnsupportedURIError(
             f"storage URI {uri!r} names no bucket or container; write {scheme}://BUCKET/path/to/checkpoint"
         )
@@ -96,7 +97,7 @@ def check_object_uri(uri: str) -> str:
     scheme = check_supported(uri)
     if scheme not in REMOTE_SCHEMES:
         return scheme
-    bucket, key = _container_and_key(uri)
+    bucket, key = container_and_key(uri)
     if not key.strip("/"):
         raise UnsupportedURIError(
             f"storage URI {uri!r} names the whole bucket {bucket!r}, not an object in it; add the "

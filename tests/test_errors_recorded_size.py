@@ -25,7 +25,9 @@ def test_a_local_object_whose_recorded_size_is_not_a_count_loads_as_corrupt_nami
     target = tmp_path / "ckpt"
     Checkpoint(target).save_sync(b"some checkpoint bytes")
     _rewrite_recorded_size(target, size)
-    with pytest.raises(CheckpointCorruptError, match=rf"{target}.*recorded size '{size}' is not a byte count"):
+    with pytest.raises(
+        CheckpointCorruptError, match=rf"{target}.*recorded size '{size}' is not a byte count"
+    ):
         Checkpoint(tmp_path / "unused", target).load_sync()
 
 
