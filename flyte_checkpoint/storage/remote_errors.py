@@ -9,7 +9,10 @@ chain, at this one boundary, the way httpx's ``map_exceptions`` does it for its 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -184,6 +187,49 @@ def confirm_absent(fs: Any, uri: str, action: str, scheme: str) -> None:
         logger.debug("could not tell whether %s exists: %r", container, exc)
 
 
+_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
+_FSSPEC_OPTIONS = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"}
+)
+
+
+def accepted_options(scheme: str) -> list[str]:
+    """The storage options the store of ``scheme`` names in its signature, plus this package's own."""
+    from flyte_checkpoint.storage import STORES
+    from flyte_checkpoint.storage.base import FSYNC_OPTION
+
+    module_name, _, class_name = STORES[scheme].partition(":")
+    profile = getattr(importlib.import_module(module_name), class_name).profile
+    implementation_module, _, implementation_name = profile.implementation.partition(":")
+    implementation = getattr(importlib.import_module(implementation_module), implementation_name)
+    named = {
+        name
+        for name, parameter in inspect.signature(implementation.__init__).parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY) and name != "self"
+    }
+    return sorted(named | set(profile.own_options) | _FSSPEC_OPTIONS | {FSYNC_OPTION})
+
+
+def unknown_option_error(exc: BaseException, scheme: str) -> ConfigurationError | None:
+    """A :class:`ConfigurationError` naming the storage option a ``TypeError`` refused, if it was one.
+
+    s3fs hands options it does not know to its botocore session, which refuses them only at the
+    first request, as ``TypeError: ... unexpected keyword argument``.
+    """
+    match = _UNEXPECTED_KEYWORD.search(str(exc)) if isinstance(exc, TypeError) else None
+    if match is None:
+        return None
+    try:
+        accepted = ", ".join(accepted_options(scheme))
+    except (ImportError, KeyError, ValueError, TypeError) as error:  # only the hint is lost
+        logger.debug("could not list the storage options of %s://: %r", scheme, error)
+        accepted = "see the fsspec implementation's documentation"
+    return ConfigurationError(
+        f"storage option {match.group(1)!r} is not accepted by {scheme}:// storage; check its "
+        f"spelling or remove it. Accepted: {accepted}"
+    )
+
+
 def to_checkpoint_error(exc: BaseException, uri: str, action: str, scheme: str) -> BaseException:
     """The typed error for a backend failure while ``action`` ``uri``; unknown errors pass through."""
     if isinstance(exc, CheckpointError):
@@ -203,6 +249,9 @@ def to_checkpoint_error(exc: BaseException, uri: str, action: str, scheme: str) 
         return FileNotFoundError(f"{uri} not found ({type(exc).__name__}: {exc})")
     if isinstance(exc, OSError):
         return os_error_to_checkpoint_error(exc, uri, action)
+    unknown_option = unknown_option_error(exc, scheme)
+    if unknown_option is not None:
+        return unknown_option
     if isinstance(exc, ValueError | TypeError | KeyError):
         return exc  # misuse (e.g. a bad storage option) keeps its own type and text
     return CheckpointStorageError(f"storage error {action} {uri}: {type(exc).__name__}: {exc}")
