@@ -81,7 +81,7 @@ def inspect_object(
                 while stream.read(COPY_CHUNK):
                     pass
         except CheckpointCorruptError as exc:
-            add_context(exc, "the object is damaged", uri=uri)
+            add_context(exc, "delete the object or point the source at a sound copy", uri=uri)
             raise
         verified = True if reader.verified else None
         return report.model_copy(update={"kind": kind, "verified": verified, "members": members})

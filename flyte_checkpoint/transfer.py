@@ -236,8 +236,7 @@ def _unpack(reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Pa
     except CheckpointCorruptError as exc:
         add_context(
             exc,
-            "the object is damaged or unsafe, so nothing was restored (delete it or point the "
-            "source at a sound one)",
+            "nothing was restored; delete the object or point the source at a sound copy",
             uri=reader.info.uri,
         )
         raise

@@ -139,6 +139,7 @@ class LocalWriter(ObjectWriter):
                 try:
                     self._created_directories = _make_directories(dest.parent)
                 except FileExistsError:
+                    _raise_for_dangling_link(uri, dest.parent)
                     raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
                 self._temp, self._fd = self._create_locked_temp()
         # Small: most writes are one payload or large blocks, which pass the buffer by.
@@ -229,6 +230,17 @@ class LocalWriter(ObjectWriter):
             os.close(self._fd)
         except OSError as exc:
             logger.debug("closing the descriptor of %s failed: %r", self._temp, exc)
+
+
+def _raise_for_dangling_link(uri: str, directory: Path) -> None:
+    """Name the symbolic link to nothing among ``directory`` and its parents, if there is one:
+    ``mkdir`` then fails as if a file were in the way."""
+    for candidate in (directory, *directory.parents):
+        if candidate.is_symlink() and not candidate.exists():
+            raise CheckpointStorageError(
+                f"cannot save {uri}: its parent {candidate} is a symbolic link to "
+                f"{os.readlink(candidate)!r}, which does not exist; create that directory or fix the link"
+            )
 
 
 def _make_directories(directory: Path) -> list[Path]:
