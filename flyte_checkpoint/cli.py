@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flyte_checkpoint.errors import (
     CheckpointCorruptError,
@@ -19,6 +19,9 @@ from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     describe_error,
 )
+
+if TYPE_CHECKING:
+    from flyte_checkpoint.inspection import ObjectReport
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -198,8 +201,7 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"modified:  {report.modified.isoformat() if report.modified else 'unknown'}")
     print(f"digest:    {report.recorded_digest or 'not recorded'}")
     if report.verified is not None or args.verify:
-        verdict = "yes, every check passed" if report.verified else "read whole, nothing recorded to check"
-        print(f"verified:  {verdict}")
+        print(f"verified:  {_verdict(report)}")
     if report.members is not None:
         print(f"members:   {len(report.members)}")
         for member in report.members:
@@ -231,11 +233,20 @@ def _verify(args: argparse.Namespace) -> int:
     if report.kind == "empty":
         print(f"absent: {args.uri} is empty, which means no checkpoint", file=sys.stderr)
         return EXIT_UNREADABLE
-    checks = ([report.recorded_digest.partition(":")[0]] if report.recorded_digest else []) + (
-        ["gzip CRC", "tar structure"] if report.kind == "archive" else []
-    )
-    print(f"ok: {args.uri} ({report.size} bytes; checked: {', '.join(checks) or 'readable only'})")
+    checked = ", ".join(report.checked or []) or "readable only"
+    print(f"ok: {args.uri} ({report.size} bytes; checked: {checked})")
+    for missing in report.not_checked or []:
+        print(f"not checked: {missing}")
     return EXIT_OK
+
+
+def _verdict(report: ObjectReport) -> str:
+    if not report.verified:
+        return "no: the object was not read whole"
+    checked = ", ".join(report.checked or []) or "that it reads"
+    if report.not_checked:
+        return f"partly: checked {checked}; NOT checked: {'; '.join(report.not_checked)}"
+    return f"yes, every check passed ({checked})"
 
 
 def _get(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from flyte_checkpoint.errors import (
     add_context,
 )
 from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.storage import COPY_CHUNK, StorageOptions, VerifyingReader, backend_for
+from flyte_checkpoint.storage import COPY_CHUNK, ObjectInfo, StorageOptions, VerifyingReader, backend_for
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import DEFAULT_RETRY, classify, holds_checkpoint, load_object, read_object
@@ -40,7 +40,13 @@ class ObjectReport(BaseModel):
     recorded_digest: str | None = None
     """The labelled digest recorded with the object (``"crc32:..."``), if any."""
     verified: bool | None = None
-    """``True`` when the whole object was read and every check it has passed; ``None`` if not read."""
+    """``True`` when the whole object was read and every check it has passed; ``None`` if not read.
+    :attr:`checked` says which checks those were."""
+    checked: list[str] | None = None
+    """The checks that passed when the object was read whole (``None`` if it was not)."""
+    not_checked: list[str] | None = None
+    """What could not be checked, and why: an object without a recorded digest and size (written,
+    or rewritten in place, by another tool) is only as sound as its format's own checks."""
     members: list[MemberInfo] | None = None
 
 
@@ -83,8 +89,10 @@ def inspect_object(
         except CheckpointCorruptError as exc:
             add_context(exc, "delete the object or point the source at a sound copy", uri=uri)
             raise
-        verified = True if reader.verified else None
-        return report.model_copy(update={"kind": kind, "verified": verified, "members": members})
+        update: dict[str, object] = {"kind": kind, "members": members}
+        if reader.verified:
+            update.update(verified=True, **_checks(info, kind, compressed))
+        return report.model_copy(update=update)
 
     check_object_uri(uri)
     backend = backend_for(uri, storage_options)
@@ -92,6 +100,24 @@ def inspect_object(
     if report is None:
         raise CheckpointNotFoundError(f"no checkpoint at {uri}")
     return report
+
+
+def _checks(info: ObjectInfo, kind: str, compressed: bool) -> dict[str, list[str]]:
+    """What reading ``info``'s object whole checked, and what it could not."""
+    checked: list[str] = []
+    if info.recorded_digest is not None:
+        checked.append(info.recorded_digest.partition(":")[0])
+    if info.recorded_size is not None:
+        checked.append("size")
+    if kind == "archive":
+        checked += ["gzip CRC", "tar structure"] if compressed else ["tar structure"]
+    not_checked = []
+    if info.recorded_digest is None:
+        not_checked.append(
+            "content digest and size: none is recorded with the object (it was written, or "
+            "rewritten in place, by another tool), so damage its format cannot detect goes unnoticed"
+        )
+    return {"checked": checked, "not_checked": not_checked}
 
 
 def restore_to(

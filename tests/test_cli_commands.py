@@ -86,14 +86,29 @@ def test_inspect_shows_a_payload_and_its_digest_check(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "raw payload" in result.stdout
     assert "crc32:352441c2" in result.stdout
-    assert "yes, every check passed" in result.stdout
+    assert "yes, every check passed (crc32, size)" in result.stdout
+
+
+def test_verify_of_an_object_rewritten_by_another_tool_says_what_was_not_checked(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    Checkpoint(str(target)).save_sync(b"ours, with a digest")
+    with open(target, "wb") as handle:  # the reference SDK rewrites in place: xattrs stay, stale
+        handle.write(b"theirs, without one")
+    os.utime(target, ns=(target.stat().st_atime_ns, target.stat().st_mtime_ns + 1_000_000))
+    result = cli("verify", str(target))
+    assert result.returncode == 0, result.stderr
+    assert "checked: readable only" in result.stdout
+    assert "not checked: content digest and size: none is recorded" in result.stdout
+    inspected = cli("inspect", "--verify", str(target))
+    assert "every check passed" not in inspected.stdout
+    assert "verified:  partly: checked that it reads; NOT checked: content digest" in inspected.stdout
 
 
 def test_verify_exits_0_for_a_sound_checkpoint(tmp_path: Path, model_dir: Path) -> None:
     Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
     result = cli("verify", str(tmp_path / "obj"))
     assert result.returncode == 0, result.stderr
-    assert "checked: crc32, gzip CRC, tar structure" in result.stdout
+    assert "checked: crc32, size, gzip CRC, tar structure" in result.stdout
 
 
 def test_verify_exits_1_with_the_reason_for_a_corrupt_checkpoint(tmp_path: Path) -> None:
