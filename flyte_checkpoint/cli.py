@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import shutil
+import stat
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +22,7 @@ from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     describe_error,
 )
+from flyte_checkpoint.progress import human_size
 
 if TYPE_CHECKING:
     from flyte_checkpoint.inspection import ObjectReport
@@ -144,8 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @contextmanager
-def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int | None], None] | None]:
-    """A progress callback drawing a bar on a terminal, for transfers over a few MiB."""
+def progress_bar(
+    description: str, quiet: bool, *, estimate: int | None = None
+) -> Iterator[Callable[[int, int | None], None] | None]:
+    """A progress callback drawing a bar on a terminal, for transfers over a few MiB.
+
+    Sizes and speeds are in binary units (KiB, MiB, GiB). ``estimate`` stands in for a total
+    the transfer does not know (a directory's archive): the bar then says it is an estimate and
+    fills up at the end, however far the estimate was off.
+    """
     if quiet or not sys.stderr.isatty():
         yield None
         return
@@ -154,6 +165,10 @@ def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int |
     bars: list[Any] = []
 
     def update(done: int, total: int | None) -> None:
+        if total is None and estimate is not None:
+            total = max(estimate, done)
+            if bars and bars[0].total != total:
+                bars[0].total = total
         if not bars:
             if max(done, total or 0) < _BAR_THRESHOLD:
                 return
@@ -165,7 +180,9 @@ def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int |
                     nrows=size.lines or 24,
                     total=total,
                     desc=description,
-                    unit="B",
+                    # tqdm scales with "k", "M", "G"; "iB" makes its labels say MiB, as the
+                    # divisor means (plain "B" showed MB for MiB).
+                    unit="iB",
                     unit_scale=True,
                     unit_divisor=1024,
                     file=sys.stderr,
@@ -178,6 +195,9 @@ def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int |
         yield update
     finally:
         for bar in bars:
+            if estimate is not None:  # the estimate was only that: end at what was written
+                bar.total = bar.n
+                bar.refresh()
             bar.close()
 
 
@@ -197,7 +217,7 @@ def _inspect(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"uri:       {report.uri}")
     print(f"format:    {_describe_kind(report.kind)}")
-    print(f"size:      {report.size} bytes ({report.size / (1 << 20):.1f} MiB)")
+    print(f"size:      {report.size} bytes ({human_size(report.size)})")
     print(f"modified:  {report.modified.isoformat() if report.modified else 'unknown'}")
     print(f"digest:    {report.recorded_digest or 'not recorded'}")
     if report.verified is not None or args.verify:
@@ -266,16 +286,35 @@ def _put(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"storage_options": _options(args)}
     if args.level is not None:
         options["compression_level"] = args.level
-    with Checkpoint(args.uri, **options) as checkpoint, progress_bar("saving", args.quiet) as progress:
+    estimate = _tree_size(args.path) if args.path.is_dir() else None
+    description = "saving" if estimate is None else f"saving (estimate: {human_size(estimate)} uncompressed)"
+    with (
+        Checkpoint(args.uri, **options) as checkpoint,
+        progress_bar(description, args.quiet, estimate=estimate) as progress,
+    ):
         checkpoint.save_sync(args.path, progress=progress)
     print(f"saved {args.path} to {args.uri}")
     return EXIT_OK
+
+
+def _tree_size(root: Path) -> int:
+    """The bytes of the regular files under ``root``: a directory archive's size before gzip."""
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):  # the save itself reports what cannot be read
+                status = os.lstat(os.path.join(directory, name))
+                if stat.S_ISREG(status.st_mode):
+                    total += status.st_size
+    return total
 
 
 def _ls(args: argparse.Namespace) -> int:
     from flyte_checkpoint.state import CheckpointManager
 
     steps = CheckpointManager(args.root, storage_options=_options(args)).describe_steps()
+    if not steps and _is_state_root(args):
+        return _ls_state_root(args)
     if args.json:
         print(json.dumps([step.model_dump(mode="json") for step in steps], indent=2))
         return EXIT_OK
@@ -285,8 +324,49 @@ def _ls(args: argparse.Namespace) -> int:
         if not step.committed:
             print(f"step {step.step:>10}  uncommitted (an interrupted save; removed by the next commit)")
             continue
-        size = f"{(step.size or 0) / (1 << 20):.1f} MiB"
+        size = human_size(step.size or 0)
         print(f"step {step.step:>10}  committed  {size:>10}  {step.parts} parts  {json.dumps(step.metadata)}")
+    return EXIT_OK
+
+
+def _is_state_root(args: argparse.Namespace) -> bool:
+    """Whether ``ROOT`` is one multi-part checkpoint (its commit pointer, or versions, are there)."""
+    from flyte_checkpoint.state.layout import POINTER_NAME, VERSIONS_DIR
+    from flyte_checkpoint.storage import backend_for
+
+    root = args.root.rstrip("/")
+    backend = backend_for(root, _options(args))
+    return backend.info(f"{root}/{POINTER_NAME}") is not None or bool(
+        backend.list_prefix(f"{root}/{VERSIONS_DIR}")
+    )
+
+
+def _ls_state_root(args: argparse.Namespace) -> int:
+    """Describe a :class:`~flyte_checkpoint.state.StateCheckpoint` root: its committed version."""
+    from flyte_checkpoint.state import StateCheckpoint
+
+    manifest = StateCheckpoint(args.root, storage_options=_options(args)).manifest()
+    records = [*manifest.parts, *([manifest.controller] if manifest.controller else [])]
+    size = sum(record.size for record in records)
+    summary = {
+        "kind": "state",
+        "root": args.root,
+        "version_id": manifest.version_id,
+        "created": manifest.created.isoformat(),
+        "parts": manifest.world_size,
+        "controller": manifest.controller is not None,
+        "size": size,
+        "metadata": manifest.metadata,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return EXIT_OK
+    controller = " + controller" if manifest.controller is not None else ""
+    print(f"{args.root} is one multi-part checkpoint (StateCheckpoint), not a root of steps")
+    print(
+        f"committed  version {manifest.version_id}  {human_size(size)}  "
+        f"{manifest.world_size} parts{controller}  {json.dumps(manifest.metadata)}"
+    )
     return EXIT_OK
 
 

@@ -25,7 +25,7 @@ from typing import IO, TypeVar, cast
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, add_context
-from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, human_size
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
 from flyte_checkpoint.storage.base import COPY_CHUNK
 from flyte_checkpoint.storage.errors import translated_os_errors
@@ -254,5 +254,12 @@ def _write_payload(stream: IO[bytes], target: Path) -> Path:
 
 def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:
     seconds = max(time.monotonic() - started, 1e-9)
-    mib = size / (1 << 20)
-    logger.info("%s %s %s: %.1f MiB in %.3f s (%.1f MiB/s)", verb, uri, what, mib, seconds, mib / seconds)
+    logger.info(
+        "%s %s %s: %s in %.3f s (%s/s)",
+        verb,
+        uri,
+        what,
+        human_size(size),
+        seconds,
+        human_size(size / seconds),
+    )

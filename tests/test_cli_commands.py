@@ -215,6 +215,43 @@ def test_a_progress_bar_is_drawn_on_a_terminal(tmp_path: Path) -> None:
     assert "100%" in shown
 
 
+def test_a_directory_put_shows_an_estimated_total_in_binary_units(tmp_path: Path) -> None:
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "a.bin").write_bytes(os.urandom(12 << 20))
+    (source / "b.bin").write_bytes(os.urandom(12 << 20))
+    shown = run_on_a_terminal("put", str(source), str(tmp_path / "obj"))
+    assert "saving (estimate: 24.0 MiB uncompressed)" in shown
+    assert "100%" in shown
+    assert "MiB" in shown
+    assert "MB" not in shown.replace("MiB", "")
+
+
+def test_ls_describes_a_multi_part_checkpoint_root(tmp_path: Path) -> None:
+    from flyte_checkpoint.state import StateCheckpoint
+
+    class Counter:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def state_dict(self) -> dict[str, int]:
+            return {"value": self.value}
+
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            self.value = state["value"]
+
+    root = tmp_path / "state"
+    StateCheckpoint(str(root)).save(controller=None, parts=[Counter(1), Counter(2)], metadata={"epoch": 3})
+    text = cli("ls", str(root))
+    assert text.returncode == 0, text.stderr
+    assert "is one multi-part checkpoint (StateCheckpoint)" in text.stdout
+    assert "2 parts" in text.stdout
+    assert '{"epoch": 3}' in text.stdout
+    assert "no steps" not in text.stdout
+    described = json.loads(cli("ls", "--json", str(root)).stdout)
+    assert (described["kind"], described["parts"], described["metadata"]) == ("state", 2, {"epoch": 3})
+
+
 def test_quiet_draws_no_bar_even_on_a_terminal(tmp_path: Path) -> None:
     (tmp_path / "big.bin").write_bytes(os.urandom(24 << 20))
     assert run_on_a_terminal("put", "--quiet", str(tmp_path / "big.bin"), str(tmp_path / "obj")) == ""
