@@ -24,6 +24,7 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.storage import COPY_CHUNK, ObjectInfo, StorageOptions, VerifyingReader, backend_for
 from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.storage.local import make_directories
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import DEFAULT_RETRY, classify, holds_checkpoint, load_object, read_object
 from flyte_checkpoint.uris import check_object_uri
@@ -159,7 +160,7 @@ def restore_to(
             f"{target} is not empty; choose an empty directory or pass --force to write into it"
         )
     with translated_os_errors(str(target), "restoring"):
-        created = _make_parents(target.parent)
+        created = make_directories(target.parent)
     try:
         with translated_os_errors(str(target), "restoring"):
             staging = _new_directory_beside(target, ".flyte-cp-get-")
@@ -258,15 +259,3 @@ def _new_directory_beside(target: Path, prefix: str) -> Path:
         except FileExistsError:
             continue
         return candidate
-
-
-def _make_parents(directory: Path) -> list[Path]:
-    """``mkdir -p directory``; the directories it created, outermost first."""
-    missing = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        current = current.parent
-    for path in reversed(missing):
-        path.mkdir(exist_ok=True)
-    return list(reversed(missing))

@@ -31,6 +31,19 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     )
 
 
+class Counter:
+    """A component with state, for the multi-part checkpoints ``ls`` describes."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = state["value"]
+
+
 def test_put_then_get_round_trips_a_directory(tmp_path: Path, model_dir: Path) -> None:
     put = cli("put", str(model_dir), str(tmp_path / "obj"))
     assert put.returncode == 0, put.stderr
@@ -136,16 +149,6 @@ def test_errors_are_one_line_without_a_traceback(tmp_path: Path) -> None:
 def test_ls_lists_committed_steps_with_metadata(tmp_path: Path) -> None:
     from flyte_checkpoint.state import CheckpointManager
 
-    class Counter:
-        def __init__(self, value: int) -> None:
-            self.value = value
-
-        def state_dict(self) -> dict[str, int]:
-            return {"value": self.value}
-
-        def load_state_dict(self, state: dict[str, int]) -> None:
-            self.value = state["value"]
-
     manager = CheckpointManager(tmp_path / "root")
     for step in (100, 200):
         manager.save(step, controller=Counter(step), parts=[Counter(1), Counter(2)], metadata={"step": step})
@@ -229,16 +232,6 @@ def test_a_directory_put_shows_an_estimated_total_in_binary_units(tmp_path: Path
 
 def test_ls_describes_a_multi_part_checkpoint_root(tmp_path: Path) -> None:
     from flyte_checkpoint.state import StateCheckpoint
-
-    class Counter:
-        def __init__(self, value: int) -> None:
-            self.value = value
-
-        def state_dict(self) -> dict[str, int]:
-            return {"value": self.value}
-
-        def load_state_dict(self, state: dict[str, int]) -> None:
-            self.value = state["value"]
 
     root = tmp_path / "state"
     StateCheckpoint(str(root)).save(controller=None, parts=[Counter(1), Counter(2)], metadata={"epoch": 3})

@@ -137,7 +137,7 @@ class LocalWriter(ObjectWriter):
                 self._temp, self._fd = self._create_locked_temp()
             except FileNotFoundError:  # the first save into a new directory
                 try:
-                    self._created_directories = _make_directories(dest.parent)
+                    self._created_directories = make_directories(dest.parent)
                 except FileExistsError:
                     _raise_for_dangling_link(uri, dest.parent)
                     raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
@@ -243,7 +243,7 @@ def _raise_for_dangling_link(uri: str, directory: Path) -> None:
             )
 
 
-def _make_directories(directory: Path) -> list[Path]:
+def make_directories(directory: Path) -> list[Path]:
     """``mkdir -p directory``; return the directories that were created, outermost first."""
     missing: list[Path] = []
     current = directory
