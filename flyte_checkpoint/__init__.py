@@ -34,6 +34,7 @@ from flyte_checkpoint.runners import (
     run_with_retries,
     run_with_retries_async,
 )
+from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import PAYLOAD_BASENAME
 from flyte_checkpoint.uris import repair_prev_checkpoint_uri
 
@@ -60,6 +61,7 @@ __all__ = [
     "ExtractionLimits",
     "InputChangedError",
     "InvalidCheckpointInputError",
+    "RetryPolicy",
     "TaskContext",
     "UnsafeArchiveError",
     "UnsupportedTypeError",

@@ -30,7 +30,13 @@ from flyte_checkpoint.storage import (
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import load_object, save_object
-from flyte_checkpoint.uris import clean_uri, is_local, repair_prev_checkpoint_uri
+from flyte_checkpoint.uris import (
+    check_object_uri,
+    clean_uri,
+    is_local,
+    local_path,
+    repair_prev_checkpoint_uri,
+)
 from flyte_checkpoint.workspace import Workspace
 
 CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
@@ -126,6 +132,9 @@ class Checkpoint(BaseCheckpoint):
         if src is not None and repair_prev_uri and not is_local(src):
             run_name, action_name = _names_from_context(run_name, action_name)
             src = repair_prev_checkpoint_uri(src, run_name=run_name, action_name=action_name)
+        for uri in (dest, src):
+            if uri is not None:
+                check_object_uri(uri)
         self._dest = dest
         self._src = src
         self._storage_options = storage_options
@@ -232,6 +241,7 @@ class Checkpoint(BaseCheckpoint):
         """
         self._workspace.ensure_open()
         content = _validated(data)
+        self._refuse_destination_inside(content)
         if background:
             with self._background_saver().paused():
                 snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
@@ -240,6 +250,20 @@ class Checkpoint(BaseCheckpoint):
             return
         self.wait_sync()
         self._upload(Snapshot(content, progress=progress))
+
+    def _refuse_destination_inside(self, content: bytes | Path) -> None:
+        """Refuse a directory whose local destination lies inside it: every save would pack the
+        previous object (and the save's own temp file) into the next, which grows each time."""
+        if isinstance(content, bytes) or not is_local(self._dest) or not content.is_dir():
+            return
+        source = content.resolve()
+        destination = local_path(self._dest).resolve()
+        if destination == source or source in destination.parents:
+            raise InvalidCheckpointInputError(
+                f"cannot save {content} to {self._dest}: the destination is inside the directory "
+                "being saved, so each save would store the previous checkpoint in the next; "
+                f"save to a location outside {content}"
+            )
 
     async def save(
         self, data: SaveData, *, background: bool = False, progress: ProgressCallback | None = None

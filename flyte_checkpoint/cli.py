@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import shutil
+import stat
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flyte_checkpoint.errors import (
     CheckpointCorruptError,
@@ -19,6 +22,10 @@ from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     describe_error,
 )
+from flyte_checkpoint.progress import human_size
+
+if TYPE_CHECKING:
+    from flyte_checkpoint.inspection import ObjectReport
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -141,8 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @contextmanager
-def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int | None], None] | None]:
-    """A progress callback drawing a bar on a terminal, for transfers over a few MiB."""
+def progress_bar(
+    description: str, quiet: bool, *, estimate: int | None = None
+) -> Iterator[Callable[[int, int | None], None] | None]:
+    """A progress callback drawing a bar on a terminal, for transfers over a few MiB.
+
+    Sizes and speeds are in binary units (KiB, MiB, GiB). ``estimate`` stands in for a total
+    the transfer does not know (a directory's archive): the bar then says it is an estimate and
+    fills up at the end, however far the estimate was off.
+    """
     if quiet or not sys.stderr.isatty():
         yield None
         return
@@ -151,6 +165,10 @@ def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int |
     bars: list[Any] = []
 
     def update(done: int, total: int | None) -> None:
+        if total is None and estimate is not None:
+            total = max(estimate, done)
+            if bars and bars[0].total != total:
+                bars[0].total = total
         if not bars:
             if max(done, total or 0) < _BAR_THRESHOLD:
                 return
@@ -162,7 +180,9 @@ def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int |
                     nrows=size.lines or 24,
                     total=total,
                     desc=description,
-                    unit="B",
+                    # tqdm scales with "k", "M", "G"; "iB" makes its labels say MiB, as the
+                    # divisor means (plain "B" showed MB for MiB).
+                    unit="iB",
                     unit_scale=True,
                     unit_divisor=1024,
                     file=sys.stderr,
@@ -175,6 +195,9 @@ def progress_bar(description: str, quiet: bool) -> Iterator[Callable[[int, int |
         yield update
     finally:
         for bar in bars:
+            if estimate is not None:  # the estimate was only that: end at what was written
+                bar.total = bar.n
+                bar.refresh()
             bar.close()
 
 
@@ -194,12 +217,11 @@ def _inspect(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"uri:       {report.uri}")
     print(f"format:    {_describe_kind(report.kind)}")
-    print(f"size:      {report.size} bytes ({report.size / (1 << 20):.1f} MiB)")
+    print(f"size:      {report.size} bytes ({human_size(report.size)})")
     print(f"modified:  {report.modified.isoformat() if report.modified else 'unknown'}")
     print(f"digest:    {report.recorded_digest or 'not recorded'}")
     if report.verified is not None or args.verify:
-        verdict = "yes, every check passed" if report.verified else "read whole, nothing recorded to check"
-        print(f"verified:  {verdict}")
+        print(f"verified:  {_verdict(report)}")
     if report.members is not None:
         print(f"members:   {len(report.members)}")
         for member in report.members:
@@ -231,11 +253,20 @@ def _verify(args: argparse.Namespace) -> int:
     if report.kind == "empty":
         print(f"absent: {args.uri} is empty, which means no checkpoint", file=sys.stderr)
         return EXIT_UNREADABLE
-    checks = ([report.recorded_digest.partition(":")[0]] if report.recorded_digest else []) + (
-        ["gzip CRC", "tar structure"] if report.kind == "archive" else []
-    )
-    print(f"ok: {args.uri} ({report.size} bytes; checked: {', '.join(checks) or 'readable only'})")
+    checked = ", ".join(report.checked or []) or "readable only"
+    print(f"ok: {args.uri} ({report.size} bytes; checked: {checked})")
+    for missing in report.not_checked or []:
+        print(f"not checked: {missing}")
     return EXIT_OK
+
+
+def _verdict(report: ObjectReport) -> str:
+    if not report.verified:
+        return "no: the object was not read whole"
+    checked = ", ".join(report.checked or []) or "that it reads"
+    if report.not_checked:
+        return f"partly: checked {checked}; NOT checked: {'; '.join(report.not_checked)}"
+    return f"yes, every check passed ({checked})"
 
 
 def _get(args: argparse.Namespace) -> int:
@@ -255,16 +286,35 @@ def _put(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"storage_options": _options(args)}
     if args.level is not None:
         options["compression_level"] = args.level
-    with Checkpoint(args.uri, **options) as checkpoint, progress_bar("saving", args.quiet) as progress:
+    estimate = _tree_size(args.path) if args.path.is_dir() else None
+    description = "saving" if estimate is None else f"saving (estimate: {human_size(estimate)} uncompressed)"
+    with (
+        Checkpoint(args.uri, **options) as checkpoint,
+        progress_bar(description, args.quiet, estimate=estimate) as progress,
+    ):
         checkpoint.save_sync(args.path, progress=progress)
     print(f"saved {args.path} to {args.uri}")
     return EXIT_OK
+
+
+def _tree_size(root: Path) -> int:
+    """The bytes of the regular files under ``root``: a directory archive's size before gzip."""
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):  # the save itself reports what cannot be read
+                status = os.lstat(os.path.join(directory, name))
+                if stat.S_ISREG(status.st_mode):
+                    total += status.st_size
+    return total
 
 
 def _ls(args: argparse.Namespace) -> int:
     from flyte_checkpoint.state import CheckpointManager
 
     steps = CheckpointManager(args.root, storage_options=_options(args)).describe_steps()
+    if not steps and _is_state_root(args):
+        return _ls_state_root(args)
     if args.json:
         print(json.dumps([step.model_dump(mode="json") for step in steps], indent=2))
         return EXIT_OK
@@ -274,8 +324,49 @@ def _ls(args: argparse.Namespace) -> int:
         if not step.committed:
             print(f"step {step.step:>10}  uncommitted (an interrupted save; removed by the next commit)")
             continue
-        size = f"{(step.size or 0) / (1 << 20):.1f} MiB"
+        size = human_size(step.size or 0)
         print(f"step {step.step:>10}  committed  {size:>10}  {step.parts} parts  {json.dumps(step.metadata)}")
+    return EXIT_OK
+
+
+def _is_state_root(args: argparse.Namespace) -> bool:
+    """Whether ``ROOT`` is one multi-part checkpoint (its commit pointer, or versions, are there)."""
+    from flyte_checkpoint.state.layout import POINTER_NAME, VERSIONS_DIR
+    from flyte_checkpoint.storage import backend_for
+
+    root = args.root.rstrip("/")
+    backend = backend_for(root, _options(args))
+    return backend.info(f"{root}/{POINTER_NAME}") is not None or bool(
+        backend.list_prefix(f"{root}/{VERSIONS_DIR}")
+    )
+
+
+def _ls_state_root(args: argparse.Namespace) -> int:
+    """Describe a :class:`~flyte_checkpoint.state.StateCheckpoint` root: its committed version."""
+    from flyte_checkpoint.state import StateCheckpoint
+
+    manifest = StateCheckpoint(args.root, storage_options=_options(args)).manifest()
+    records = [*manifest.parts, *([manifest.controller] if manifest.controller else [])]
+    size = sum(record.size for record in records)
+    summary = {
+        "kind": "state",
+        "root": args.root,
+        "version_id": manifest.version_id,
+        "created": manifest.created.isoformat(),
+        "parts": manifest.world_size,
+        "controller": manifest.controller is not None,
+        "size": size,
+        "metadata": manifest.metadata,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return EXIT_OK
+    controller = " + controller" if manifest.controller is not None else ""
+    print(f"{args.root} is one multi-part checkpoint (StateCheckpoint), not a root of steps")
+    print(
+        f"committed  version {manifest.version_id}  {human_size(size)}  "
+        f"{manifest.world_size} parts{controller}  {json.dumps(manifest.metadata)}"
+    )
     return EXIT_OK
 
 

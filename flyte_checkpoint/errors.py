@@ -84,7 +84,8 @@ class UnsupportedTypeError(CheckpointError, TypeError):
 
 
 class UnsupportedURIError(CheckpointError, ValueError):
-    """A storage URI has a scheme this package does not handle."""
+    """A storage URI this package cannot use: an unknown scheme, no bucket, or (for a checkpoint
+    object) no key or a trailing ``/``."""
 
 
 class BackendNotInstalledError(CheckpointError, ImportError):

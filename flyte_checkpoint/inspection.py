@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
-import tempfile
+import stat
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -20,10 +22,14 @@ from flyte_checkpoint.errors import (
     add_context,
 )
 from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.storage import COPY_CHUNK, StorageOptions, VerifyingReader, backend_for
+from flyte_checkpoint.storage import COPY_CHUNK, ObjectInfo, StorageOptions, VerifyingReader, backend_for
 from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.storage.local import make_directories
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import DEFAULT_RETRY, classify, holds_checkpoint, load_object, read_object
+from flyte_checkpoint.uris import check_object_uri
+
+logger = logging.getLogger("flyte_checkpoint")
 
 
 class ObjectReport(BaseModel):
@@ -39,7 +45,13 @@ class ObjectReport(BaseModel):
     recorded_digest: str | None = None
     """The labelled digest recorded with the object (``"crc32:..."``), if any."""
     verified: bool | None = None
-    """``True`` when the whole object was read and every check it has passed; ``None`` if not read."""
+    """``True`` when the whole object was read and every check it has passed; ``None`` if not read.
+    :attr:`checked` says which checks those were."""
+    checked: list[str] | None = None
+    """The checks that passed when the object was read whole (``None`` if it was not)."""
+    not_checked: list[str] | None = None
+    """What could not be checked, and why: an object without a recorded digest and size (written,
+    or rewritten in place, by another tool) is only as sound as its format's own checks."""
     members: list[MemberInfo] | None = None
 
 
@@ -80,16 +92,37 @@ def inspect_object(
                 while stream.read(COPY_CHUNK):
                     pass
         except CheckpointCorruptError as exc:
-            add_context(exc, "the object is damaged", uri=uri)
+            add_context(exc, "delete the object or point the source at a sound copy", uri=uri)
             raise
-        verified = True if reader.verified else None
-        return report.model_copy(update={"kind": kind, "verified": verified, "members": members})
+        update: dict[str, object] = {"kind": kind, "members": members}
+        if reader.verified:
+            update.update(verified=True, **_checks(info, kind, compressed))
+        return report.model_copy(update=update)
 
+    check_object_uri(uri)
     backend = backend_for(uri, storage_options)
     report = read_object(backend, uri, describe, retry=retry, progress=progress)
     if report is None:
         raise CheckpointNotFoundError(f"no checkpoint at {uri}")
     return report
+
+
+def _checks(info: ObjectInfo, kind: str, compressed: bool) -> dict[str, list[str]]:
+    """What reading ``info``'s object whole checked, and what it could not."""
+    checked: list[str] = []
+    if info.recorded_digest is not None:
+        checked.append(info.recorded_digest.partition(":")[0])
+    if info.recorded_size is not None:
+        checked.append("size")
+    if kind == "archive":
+        checked += ["gzip CRC", "tar structure"] if compressed else ["tar structure"]
+    not_checked = []
+    if info.recorded_digest is None:
+        not_checked.append(
+            "content digest and size: none is recorded with the object (it was written, or "
+            "rewritten in place, by another tool), so damage its format cannot detect goes unnoticed"
+        )
+    return {"checked": checked, "not_checked": not_checked}
 
 
 def restore_to(
@@ -104,41 +137,125 @@ def restore_to(
 ) -> Path:
     """What ``load`` does, into ``target``: the tree for an archive, ``target/payload`` otherwise.
 
-    Refuses a non-empty ``target`` unless ``force``. The object is restored into a temporary
-    directory beside ``target`` first and moved in only when it is complete and verified, so a
-    failure never leaves a half-restored tree in ``target``. Transient storage failures are
-    retried within ``retry``, as a task's load does.
+    Refuses a non-empty ``target`` unless ``force``; with ``force`` the checkpoint's entries
+    replace same-named ones and the others stay. Transient storage failures are retried within
+    ``retry``, as a task's load does.
+
+    All or nothing, as far as the filesystem allows: the object is restored into a staging
+    directory beside ``target``, the entries of ``target`` the checkpoint does not replace are
+    moved into it, and the two directories are swapped by renames, each step undone if a later
+    one fails. So a failure leaves ``target`` as it was, and a ``target`` this call created
+    (with any parents it made) is removed again. Readers of ``target`` during the swap may see
+    it briefly without its kept entries or absent.
     """
+    check_object_uri(uri)
     target = target.absolute()
+    if target.is_symlink() and target.is_dir():
+        target = target.resolve()  # swap the real directory; the link keeps pointing at it
     if target.exists() and not target.is_dir():
         raise InvalidCheckpointInputError(f"{target} is a file; name a directory to restore into")
-    if target.is_dir() and any(target.iterdir()) and not force:
+    existed = target.exists()
+    if existed and any(target.iterdir()) and not force:
         raise InvalidCheckpointInputError(
             f"{target} is not empty; choose an empty directory or pass --force to write into it"
         )
     with translated_os_errors(str(target), "restoring"):
-        target.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".flyte-cp-get-", dir=target.parent))
+        created = make_directories(target.parent)
+    try:
+        with translated_os_errors(str(target), "restoring"):
+            staging = _new_directory_beside(target, ".flyte-cp-get-")
+        holds_user_entries: list[bool] = []
+        try:
+            restored = _restore_into(uri, staging, storage_options, limits, progress, retry)
+            with translated_os_errors(str(target), "restoring"):
+                if existed:
+                    os.chmod(staging, stat.S_IMODE(target.stat().st_mode))
+                    _swap_in(staging, target, holds_user_entries)
+                else:
+                    os.rename(staging, target)
+            return target / restored.relative_to(staging)
+        finally:
+            if not holds_user_entries:
+                shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        for directory in reversed(created):  # innermost first; only what this call made
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
 
+
+def _restore_into(
+    uri: str,
+    staging: Path,
+    storage_options: StorageOptions | None,
+    limits: ExtractionLimits | None,
+    progress: ProgressCallback | None,
+    retry: RetryPolicy,
+) -> Path:
     def reset() -> None:
         shutil.rmtree(staging)
         staging.mkdir()
 
-    try:
-        backend = backend_for(uri, storage_options)
-        restored = load_object(
-            backend, uri, staging, reset=reset, limits=limits, retry=retry, progress=progress
+    backend = backend_for(uri, storage_options)
+    restored = load_object(backend, uri, staging, reset=reset, limits=limits, retry=retry, progress=progress)
+    if restored is None:
+        raise CheckpointNotFoundError(
+            f"no checkpoint at {uri} (there is no object, or an empty one, which means none)"
         )
-        if restored is None:
-            raise CheckpointNotFoundError(
-                f"no checkpoint at {uri} (there is no object, or an empty one, which means none)"
-            )
-        with translated_os_errors(str(target), "restoring"):
-            for entry in sorted(staging.iterdir()):
-                destination = target / entry.name
-                if destination.is_dir() and not destination.is_symlink():
-                    shutil.rmtree(destination)
-                os.replace(entry, destination)
-        return target / restored.relative_to(staging)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return restored
+
+
+def _swap_in(staging: Path, target: Path, holds_user_entries: list[bool]) -> None:
+    """Make ``staging`` (plus ``target``'s entries it does not replace) the new ``target``.
+
+    Every step is a rename within ``target``'s parent; a failure undoes the steps before it.
+    Should undoing fail too, the error says where the user's entries are, and
+    ``holds_user_entries`` tells the caller to keep ``staging``.
+    """
+    replaced = {entry.name for entry in staging.iterdir()}
+    kept: list[str] = []
+    aside = _new_directory_beside(target, ".flyte-cp-old-")
+    os.rmdir(aside)  # only its unique name is wanted: rename() needs it free
+    try:
+        for entry in sorted(target.iterdir()):
+            if entry.name not in replaced:
+                os.rename(entry, staging / entry.name)
+                kept.append(entry.name)
+        os.rename(target, aside)
+        try:
+            os.rename(staging, target)
+        except BaseException as exc:
+            try:
+                os.rename(aside, target)
+            except OSError:
+                holds_user_entries.append(True)
+                add_context(exc, f"could not put {target} back: its entries are in {aside} and {staging}")
+            raise
+    except BaseException as exc:
+        for name in reversed(kept):
+            try:
+                os.rename(staging / name, target / name)
+            except OSError:
+                if not holds_user_entries:
+                    holds_user_entries.append(True)
+                    add_context(
+                        exc, f"could not move every entry back into {target}; the rest are in {staging}"
+                    )
+        raise
+    try:
+        shutil.rmtree(aside)
+    except OSError as exc:
+        logger.warning(
+            "restored into %s, but could not remove the entries it replaced in %s: %r", target, aside, exc
+        )
+
+
+def _new_directory_beside(target: Path, prefix: str) -> Path:
+    """A new directory with a unique name beside ``target``, with the mode ``mkdir`` gives."""
+    while True:
+        candidate = target.parent / f"{prefix}{os.urandom(6).hex()}"
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate

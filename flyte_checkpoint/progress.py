@@ -8,6 +8,18 @@ ProgressCallback = Callable[[int, "int | None"], None]
 """``callback(bytes_done, total_bytes_or_None)``; may be called from a worker thread."""
 
 _STEP = 1 << 20
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_size(size: float) -> str:
+    """``size`` bytes for people, in binary units: ``"512 bytes"``, ``"1.5 KiB"``, ``"3.8 MiB"``."""
+    if size < 1024:
+        return f"{int(size)} byte{'' if int(size) == 1 else 's'}"
+    for unit in _UNITS:
+        size /= 1024
+        if size < 1024 or unit == _UNITS[-1]:
+            return f"{size:.1f} {unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class ProgressReporter:

@@ -25,8 +25,8 @@ from typing import IO, TypeVar, cast
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, add_context
-from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
-from flyte_checkpoint.storage import FORMAT_KEY, SIZE_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, human_size
+from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
 from flyte_checkpoint.storage.base import COPY_CHUNK
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
@@ -134,8 +134,8 @@ def holds_checkpoint(info: ObjectInfo) -> bool:
     """
     if info.size:
         return True
-    recorded = info.metadata.get(SIZE_KEY, "0")
-    if recorded != "0":
+    recorded = info.recorded_size
+    if recorded:
         raise CheckpointCorruptError(
             f"checkpoint {info.uri} is damaged: it is empty, but {recorded} bytes were written; "
             "delete it to start fresh or point the source at a sound copy"
@@ -236,8 +236,7 @@ def _unpack(reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Pa
     except CheckpointCorruptError as exc:
         add_context(
             exc,
-            "the object is damaged or unsafe, so nothing was restored (delete it or point the "
-            "source at a sound one)",
+            "nothing was restored; delete the object or point the source at a sound copy",
             uri=reader.info.uri,
         )
         raise
@@ -255,5 +254,12 @@ def _write_payload(stream: IO[bytes], target: Path) -> Path:
 
 def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:
     seconds = max(time.monotonic() - started, 1e-9)
-    mib = size / (1 << 20)
-    logger.info("%s %s %s: %.1f MiB in %.3f s (%.1f MiB/s)", verb, uri, what, mib, seconds, mib / seconds)
+    logger.info(
+        "%s %s %s: %s in %.3f s (%s/s)",
+        verb,
+        uri,
+        what,
+        human_size(size),
+        seconds,
+        human_size(size / seconds),
+    )

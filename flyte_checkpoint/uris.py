@@ -12,8 +12,10 @@ from flyte_checkpoint.errors import UnsupportedURIError
 __all__ = [
     "ATTEMPT_NUMBER_ENV",
     "attempt_number_from_env",
+    "check_object_uri",
     "check_supported",
     "clean_uri",
+    "container_and_key",
     "current_attempt_number",
     "is_local",
     "local_path",
@@ -47,7 +49,7 @@ def is_local(uri: str) -> bool:
     return scheme_of(uri) in LOCAL_SCHEMES
 
 
-def check_supported(uri: str) -> str:
+def _check_scheme(uri: str) -> str:
     """Return the scheme of ``uri``, or raise :class:`UnsupportedURIError` naming the supported ones."""
     scheme = scheme_of(uri)
     if scheme not in LOCAL_SCHEMES | REMOTE_SCHEMES:
@@ -55,6 +57,56 @@ def check_supported(uri: str) -> str:
         raise UnsupportedURIError(
             f"unsupported storage URI {uri!r}: scheme {scheme!r} is not one of {supported}, "
             "or a plain local path"
+        )
+    return scheme
+
+
+def container_and_key(uri: str) -> tuple[str, str]:
+    """The bucket (or container) and the key of a remote ``uri``; either may be empty."""
+    rest = uri.split("://", 1)[1]
+    netloc, _, key = rest.partition("/")
+    # abfs://container@account.dfs.core.windows.net/key names the account after the container.
+    return netloc.partition("@")[0], key
+
+
+def check_supported(uri: str) -> str:
+    """Return the scheme of ``uri``, or raise :class:`UnsupportedURIError`.
+
+    Refused: a scheme this package does not handle, and a remote URI without a bucket or
+    container (``s3:///key``), which no store can serve.
+    """
+    scheme = _check_scheme(uri)
+    if scheme in REMOTE_SCHEMES and not container_and_key(uri)[0]:
+        raise UnsupportedURIError(
+            f"storage URI {uri!r} names no bucket or container; write {scheme}://BUCKET/path/to/checkpoint"
+        )
+    return scheme
+
+
+def check_object_uri(uri: str) -> str:
+    """Return the scheme of ``uri`` if it can name one checkpoint object, else raise
+    :class:`UnsupportedURIError` saying how to write it.
+
+    Besides :func:`check_supported`'s rules, a remote object URI needs a key under its bucket
+    (``s3://bucket`` and ``s3://bucket/`` name the whole bucket) and must not end in ``/``: a
+    store would keep ``run/ckpt`` and ``run/ckpt/`` as two different objects (one save could land
+    in one and the next load read the other, silently finding nothing), so a trailing slash is
+    refused everywhere an object is named rather than quietly dropped in some places. A local
+    path may end in ``/``: the operating system reads ``ckpt/`` and ``ckpt`` as the same file.
+    """
+    scheme = check_supported(uri)
+    if scheme not in REMOTE_SCHEMES:
+        return scheme
+    bucket, key = container_and_key(uri)
+    if not key.strip("/"):
+        raise UnsupportedURIError(
+            f"storage URI {uri!r} names the whole bucket {bucket!r}, not an object in it; add the "
+            f"object's key, e.g. {scheme}://{bucket}/run/checkpoint"
+        )
+    if key.endswith("/"):
+        raise UnsupportedURIError(
+            f"storage URI {uri!r} ends in '/', which names a folder, not an object; a checkpoint "
+            f"is one object: drop the trailing slash ({uri.rstrip('/')})"
         )
     return scheme
 

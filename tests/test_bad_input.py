@@ -289,3 +289,30 @@ def test_a_file_that_cannot_be_read_fails_a_blocking_save_with_a_typed_error_nam
         Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
     assert str(model_dir / "weights.bin") in str(raised.value)
     assert not (tmp_path / "obj").exists()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_saving_a_directory_to_a_destination_inside_it_is_refused(model_dir: Path, background: bool) -> None:
+    destination = model_dir / "checkpoints" / "latest"
+    with pytest.raises(
+        InvalidCheckpointInputError, match="the destination is inside the directory"
+    ) as raised:
+        Checkpoint(destination).save_sync(model_dir, background=background)
+    assert str(model_dir) in str(raised.value)
+    assert not destination.exists()
+
+
+def test_a_destination_inside_the_directory_through_a_symlink_is_refused(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    alias = tmp_path / "alias"
+    alias.symlink_to(model_dir)
+    with pytest.raises(InvalidCheckpointInputError, match="inside the directory being saved"):
+        Checkpoint(model_dir / "ckpt").save_sync(alias)
+
+
+def test_a_destination_beside_the_directory_with_a_shared_name_prefix_is_accepted(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    Checkpoint(f"{model_dir}-checkpoint").save_sync(model_dir)
+    assert Path(f"{model_dir}-checkpoint").stat().st_size > 0

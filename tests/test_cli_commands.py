@@ -31,6 +31,19 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     )
 
 
+class Counter:
+    """A component with state, for the multi-part checkpoints ``ls`` describes."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = state["value"]
+
+
 def test_put_then_get_round_trips_a_directory(tmp_path: Path, model_dir: Path) -> None:
     put = cli("put", str(model_dir), str(tmp_path / "obj"))
     assert put.returncode == 0, put.stderr
@@ -63,7 +76,7 @@ def test_get_of_a_corrupt_archive_leaves_the_target_untouched(tmp_path: Path, mo
     result = cli("get", str(tmp_path / "obj"), str(tmp_path / "out"))
     assert result.returncode == 1
     assert "CheckpointCorruptError" in result.stderr
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()  # the folder the failed get created is gone again
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".flyte-cp-get-")] == []
 
 
@@ -86,14 +99,29 @@ def test_inspect_shows_a_payload_and_its_digest_check(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "raw payload" in result.stdout
     assert "crc32:352441c2" in result.stdout
-    assert "yes, every check passed" in result.stdout
+    assert "yes, every check passed (crc32, size)" in result.stdout
+
+
+def test_verify_of_an_object_rewritten_by_another_tool_says_what_was_not_checked(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    Checkpoint(str(target)).save_sync(b"ours, with a digest")
+    with open(target, "wb") as handle:  # the reference SDK rewrites in place: xattrs stay, stale
+        handle.write(b"theirs, without one")
+    os.utime(target, ns=(target.stat().st_atime_ns, target.stat().st_mtime_ns + 1_000_000))
+    result = cli("verify", str(target))
+    assert result.returncode == 0, result.stderr
+    assert "checked: readable only" in result.stdout
+    assert "not checked: content digest and size: none is recorded" in result.stdout
+    inspected = cli("inspect", "--verify", str(target))
+    assert "every check passed" not in inspected.stdout
+    assert "verified:  partly: checked that it reads; NOT checked: content digest" in inspected.stdout
 
 
 def test_verify_exits_0_for_a_sound_checkpoint(tmp_path: Path, model_dir: Path) -> None:
     Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
     result = cli("verify", str(tmp_path / "obj"))
     assert result.returncode == 0, result.stderr
-    assert "checked: crc32, gzip CRC, tar structure" in result.stdout
+    assert "checked: crc32, size, gzip CRC, tar structure" in result.stdout
 
 
 def test_verify_exits_1_with_the_reason_for_a_corrupt_checkpoint(tmp_path: Path) -> None:
@@ -120,16 +148,6 @@ def test_errors_are_one_line_without_a_traceback(tmp_path: Path) -> None:
 
 def test_ls_lists_committed_steps_with_metadata(tmp_path: Path) -> None:
     from flyte_checkpoint.state import CheckpointManager
-
-    class Counter:
-        def __init__(self, value: int) -> None:
-            self.value = value
-
-        def state_dict(self) -> dict[str, int]:
-            return {"value": self.value}
-
-        def load_state_dict(self, state: dict[str, int]) -> None:
-            self.value = state["value"]
 
     manager = CheckpointManager(tmp_path / "root")
     for step in (100, 200):
@@ -198,6 +216,33 @@ def test_a_progress_bar_is_drawn_on_a_terminal(tmp_path: Path) -> None:
     shown = run_on_a_terminal("put", str(tmp_path / "big.bin"), str(tmp_path / "obj"))
     assert "saving" in shown
     assert "100%" in shown
+
+
+def test_a_directory_put_shows_an_estimated_total_in_binary_units(tmp_path: Path) -> None:
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "a.bin").write_bytes(os.urandom(12 << 20))
+    (source / "b.bin").write_bytes(os.urandom(12 << 20))
+    shown = run_on_a_terminal("put", str(source), str(tmp_path / "obj"))
+    assert "saving (estimate: 24.0 MiB uncompressed)" in shown
+    assert "100%" in shown
+    assert "MiB" in shown
+    assert "MB" not in shown.replace("MiB", "")
+
+
+def test_ls_describes_a_multi_part_checkpoint_root(tmp_path: Path) -> None:
+    from flyte_checkpoint.state import StateCheckpoint
+
+    root = tmp_path / "state"
+    StateCheckpoint(str(root)).save(controller=None, parts=[Counter(1), Counter(2)], metadata={"epoch": 3})
+    text = cli("ls", str(root))
+    assert text.returncode == 0, text.stderr
+    assert "is one multi-part checkpoint (StateCheckpoint)" in text.stdout
+    assert "2 parts" in text.stdout
+    assert '{"epoch": 3}' in text.stdout
+    assert "no steps" not in text.stdout
+    described = json.loads(cli("ls", "--json", str(root)).stdout)
+    assert (described["kind"], described["parts"], described["metadata"]) == ("state", 2, {"epoch": 3})
 
 
 def test_quiet_draws_no_bar_even_on_a_terminal(tmp_path: Path) -> None:

@@ -136,3 +136,52 @@ def test_file_uris_map_to_local_paths(tmp_path: Path) -> None:
 def test_file_uris_with_a_remote_host_are_refused() -> None:
     with pytest.raises(UnsupportedURIError, match="host"):
         local_path("file://server/share/x")
+
+
+@pytest.mark.parametrize("value", ["s3:///key", "gs:///run/checkpoint", "abfs:///run/checkpoint", "s3://"])
+def test_a_remote_uri_without_a_bucket_is_refused_by_backend_for(value: str) -> None:
+    from flyte_checkpoint.storage import backend_for
+
+    with pytest.raises(UnsupportedURIError, match="names no bucket or container"):
+        backend_for(value)
+
+
+@pytest.mark.parametrize(
+    "value", ["s3://bucket", "s3://bucket/", "gs://bucket", "gs://bucket/", "abfs://container", "az://c/"]
+)
+def test_a_checkpoint_at_a_whole_bucket_is_refused_at_construction(value: str) -> None:
+    from flyte_checkpoint import Checkpoint
+
+    with pytest.raises(UnsupportedURIError, match="names the whole bucket"):
+        Checkpoint(value)
+
+
+@pytest.mark.parametrize("value", ["s3:///run/checkpoint", "gs:///run/checkpoint", "abfs:///run/ckpt"])
+def test_a_checkpoint_without_a_bucket_is_refused_at_construction(value: str) -> None:
+    from flyte_checkpoint import Checkpoint
+
+    with pytest.raises(UnsupportedURIError, match="names no bucket or container"):
+        Checkpoint("/tmp/unused-destination", value)
+
+
+@pytest.mark.parametrize("value", ["s3://bucket/run/ckpt/", "gs://bucket/run/ckpt/", "abfs://c/run/ckpt/"])
+def test_a_remote_checkpoint_uri_with_a_trailing_slash_is_refused_naming_the_fix(value: str) -> None:
+    from flyte_checkpoint import Checkpoint
+
+    with pytest.raises(UnsupportedURIError, match=r"drop the trailing slash \(.*/run/ckpt\)"):
+        Checkpoint(value)
+    with pytest.raises(UnsupportedURIError, match="ends in '/'"):
+        Checkpoint("/tmp/unused-destination", value)
+
+
+def test_inspecting_a_remote_uri_with_a_trailing_slash_is_refused() -> None:
+    from flyte_checkpoint.inspection import inspect_object
+
+    with pytest.raises(UnsupportedURIError, match="ends in '/'"):
+        inspect_object("s3://bucket/run/ckpt/")
+
+
+def test_an_azure_uri_naming_its_account_keeps_the_container_as_its_bucket() -> None:
+    from flyte_checkpoint.uris import check_object_uri
+
+    assert check_object_uri("abfs://container@account.dfs.core.windows.net/run/ckpt") == "abfs"

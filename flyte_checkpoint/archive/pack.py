@@ -102,9 +102,10 @@ def _check_link_stays_inside(root: str, link: str, arcname: str, alias: tuple[st
     target = os.readlink(link)
     stored = _stored_link_target(link, alias)
     where = "the directory being saved"
-    problem = link_target_problem(arcname, stored, where) or link_resolution_problem(
-        root, arcname, stored, where
-    )
+    problem = link_target_problem(arcname, stored, where)
+    if problem is not None and stored != target:  # an absolute target, made relative to be stored
+        problem = f"an absolute path outside {where}"
+    problem = problem or link_resolution_problem(root, arcname, stored, where)
     if problem is not None:
         raise InvalidCheckpointInputError(
             f"cannot save {link}: it is a symbolic link to {target!r}, {problem}, so it could not "

@@ -67,6 +67,22 @@ class ObjectInfo(BaseModel):
         return self.metadata.get(DIGEST_KEY)
 
     @property
+    def recorded_size(self) -> int | None:
+        """The byte count recorded when this package wrote the object, if kept.
+
+        Raises :class:`CheckpointCorruptError` naming the object when the record is not a count.
+        """
+        recorded = self.metadata.get(SIZE_KEY)
+        if recorded is None:
+            return None
+        if not recorded.isascii() or not recorded.isdigit():
+            raise CheckpointCorruptError(
+                f"checkpoint {self.uri} is damaged: its recorded size {recorded!r} is not a byte "
+                "count; delete it to start fresh or point the source at a sound copy"
+            )
+        return int(recorded)
+
+    @property
     def recorded_format(self) -> str | None:
         """``"archive"`` or ``"payload"`` when recorded with the object."""
         return self.metadata.get(FORMAT_KEY)
@@ -274,8 +290,8 @@ class VerifyingReader(io.RawIOBase):
         self._verified = True
 
     def _check_recorded(self) -> None:
-        expected_size = self.info.metadata.get(SIZE_KEY)
-        if expected_size is not None and int(expected_size) != self._size:
+        expected_size = self.info.recorded_size
+        if expected_size is not None and expected_size != self._size:
             raise CheckpointCorruptError(
                 f"checkpoint {self.info.uri} is damaged: read {self._size} bytes, but "
                 f"{expected_size} were written"

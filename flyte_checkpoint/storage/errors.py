@@ -27,15 +27,23 @@ _TRANSIENT_ERRNOS = frozenset(
 )
 
 
+_READING_ACTIONS = frozenset({"reading", "loading", "inspecting", "listing"})
+"""Actions that only read: a refusal there is about read permission, not a place to write."""
+
+
 def os_error_to_checkpoint_error(exc: OSError, uri: str, action: str) -> CheckpointError:
     """The typed error for an ``OSError`` raised while ``action`` (e.g. "saving") ``uri``."""
     if isinstance(exc, CheckpointError):
         return exc
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return CheckpointPermissionError(
-            f"permission denied {action} {uri}: {exc.strerror or exc}; check that the process "
-            "may write there (file permissions, read-only mount) or choose another location"
-        )
+        if action in _READING_ACTIONS:
+            advice = "check that the process may read it (file and directory permissions)"
+        else:
+            advice = (
+                "check that the process may write there (file permissions, read-only mount) "
+                "or choose another location"
+            )
+        return CheckpointPermissionError(f"permission denied {action} {uri}: {exc.strerror or exc}; {advice}")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return CheckpointStorageError(
             f"out of space {action} {uri}: {exc.strerror or exc}; the previous checkpoint is "

@@ -36,7 +36,7 @@ from flyte_checkpoint.storage.base import (
     ObjectWriter,
     VerifyingReader,
 )
-from flyte_checkpoint.storage.remote_errors import translated_backend_errors
+from flyte_checkpoint.storage.remote_errors import confirm_absent, translated_backend_errors
 from flyte_checkpoint.uris import scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -228,6 +228,7 @@ class FsspecBackend(Backend):
     def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
         opened = self._open_stream(uri)
         if opened is None:
+            confirm_absent(self.fs, uri, "loading", scheme_of(uri))  # a missing bucket is not "no object"
             return None
         stream, info = opened
         return VerifyingReader(

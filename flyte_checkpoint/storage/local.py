@@ -137,8 +137,9 @@ class LocalWriter(ObjectWriter):
                 self._temp, self._fd = self._create_locked_temp()
             except FileNotFoundError:  # the first save into a new directory
                 try:
-                    self._created_directories = _make_directories(dest.parent)
+                    self._created_directories = make_directories(dest.parent)
                 except FileExistsError:
+                    _raise_for_dangling_link(uri, dest.parent)
                     raise NotADirectoryError(errno.ENOTDIR, "a parent is a file", str(dest)) from None
                 self._temp, self._fd = self._create_locked_temp()
         # Small: most writes are one payload or large blocks, which pass the buffer by.
@@ -231,7 +232,18 @@ class LocalWriter(ObjectWriter):
             logger.debug("closing the descriptor of %s failed: %r", self._temp, exc)
 
 
-def _make_directories(directory: Path) -> list[Path]:
+def _raise_for_dangling_link(uri: str, directory: Path) -> None:
+    """Name the symbolic link to nothing among ``directory`` and its parents, if there is one:
+    ``mkdir`` then fails as if a file were in the way."""
+    for candidate in (directory, *directory.parents):
+        if candidate.is_symlink() and not candidate.exists():
+            raise CheckpointStorageError(
+                f"cannot save {uri}: its parent {candidate} is a symbolic link to "
+                f"{os.readlink(candidate)!r}, which does not exist; create that directory or fix the link"
+            )
+
+
+def make_directories(directory: Path) -> list[Path]:
     """``mkdir -p directory``; return the directories that were created, outermost first."""
     missing: list[Path] = []
     current = directory

@@ -9,16 +9,24 @@ chain, at this one boundary, the way httpx's ``map_exceptions`` does it for its 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
+import logging
+import re
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 from flyte_checkpoint.errors import (
     CheckpointError,
     CheckpointPermissionError,
     CheckpointStorageError,
     CheckpointUnavailableError,
+    ConfigurationError,
 )
 from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
+from flyte_checkpoint.uris import container_and_key
+
+logger = logging.getLogger("flyte_checkpoint")
 
 Kind = Literal["absent", "transient", "permission"]
 
@@ -60,6 +68,8 @@ _PERMISSION_TYPES = frozenset(
 )
 _ABSENT_TYPES = frozenset({"NoSuchKey", "NoSuchBucket", "ResourceNotFoundError"})
 _ABSENT_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "ContainerNotFound", "BlobNotFound"})
+_NO_CONTAINER_CODES = frozenset({"NoSuchBucket", "ContainerNotFound"})
+_CONTAINER_WORD = {"abfs": "container", "abfss": "container", "az": "container"}
 _TRANSIENT_CODES = frozenset(
     {
         "SlowDown",
@@ -145,6 +155,81 @@ def classify(exc: BaseException) -> Kind | None:
     return None
 
 
+def missing_container_error(uri: str, action: str, scheme: str) -> ConfigurationError:
+    """The error for a bucket (container) that does not exist: a configuration mistake, never
+    "no checkpoint", which would make a task start from zero on every attempt."""
+    noun = _CONTAINER_WORD.get(scheme, "bucket")
+    container = container_and_key(uri)[0]
+    return ConfigurationError(
+        f"the {noun} {container!r} does not exist ({action} {uri}); create it, or correct the "
+        f"{noun} name in the checkpoint URI (and the endpoint or account in storage_options)"
+    )
+
+
+def _names_missing_container(exc: BaseException) -> bool:
+    return any(_status_and_code(link)[1] in _NO_CONTAINER_CODES for link in _chain(exc))
+
+
+def confirm_absent(fs: Any, uri: str, action: str, scheme: str) -> None:
+    """Called when the object at ``uri`` is absent: raise :func:`missing_container_error` when
+    its bucket is absent too.
+
+    One extra request, only on the "no object" path. A store that will not say (no permission
+    on the bucket itself, say) leaves the answer "no object": only a definite "not found" for
+    the bucket is reported.
+    """
+    container = container_and_key(uri)[0]
+    try:
+        fs.info(container)
+    except FileNotFoundError:
+        raise missing_container_error(uri, action, scheme) from None
+    except Exception as exc:
+        logger.debug("could not tell whether %s exists: %r", container, exc)
+
+
+_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
+_FSSPEC_OPTIONS = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"}
+)
+
+
+def accepted_options(scheme: str) -> list[str]:
+    """The storage options the store of ``scheme`` names in its signature, plus this package's own."""
+    from flyte_checkpoint.storage import STORES
+    from flyte_checkpoint.storage.base import FSYNC_OPTION
+
+    module_name, _, class_name = STORES[scheme].partition(":")
+    profile = getattr(importlib.import_module(module_name), class_name).profile
+    implementation_module, _, implementation_name = profile.implementation.partition(":")
+    implementation = getattr(importlib.import_module(implementation_module), implementation_name)
+    named = {
+        name
+        for name, parameter in inspect.signature(implementation.__init__).parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY) and name != "self"
+    }
+    return sorted(named | set(profile.own_options) | _FSSPEC_OPTIONS | {FSYNC_OPTION})
+
+
+def unknown_option_error(exc: BaseException, scheme: str) -> ConfigurationError | None:
+    """A :class:`ConfigurationError` naming the storage option a ``TypeError`` refused, if it was one.
+
+    s3fs hands options it does not know to its botocore session, which refuses them only at the
+    first request, as ``TypeError: ... unexpected keyword argument``.
+    """
+    match = _UNEXPECTED_KEYWORD.search(str(exc)) if isinstance(exc, TypeError) else None
+    if match is None:
+        return None
+    try:
+        accepted = ", ".join(accepted_options(scheme))
+    except (ImportError, KeyError, ValueError, TypeError) as error:  # only the hint is lost
+        logger.debug("could not list the storage options of %s://: %r", scheme, error)
+        accepted = "see the fsspec implementation's documentation"
+    return ConfigurationError(
+        f"storage option {match.group(1)!r} is not accepted by {scheme}:// storage; check its "
+        f"spelling or remove it. Accepted: {accepted}"
+    )
+
+
 def to_checkpoint_error(exc: BaseException, uri: str, action: str, scheme: str) -> BaseException:
     """The typed error for a backend failure while ``action`` ``uri``; unknown errors pass through."""
     if isinstance(exc, CheckpointError):
@@ -157,10 +242,16 @@ def to_checkpoint_error(exc: BaseException, uri: str, action: str, scheme: str) 
         )
     if kind == "transient":
         return CheckpointUnavailableError(f"storage unavailable {action} {uri}: {type(exc).__name__}: {exc}")
+    # An upload cannot miss its object, only the bucket it goes into.
+    if kind == "absent" and (action == "saving" or _names_missing_container(exc)):
+        return missing_container_error(uri, action, scheme)
     if kind == "absent":
         return FileNotFoundError(f"{uri} not found ({type(exc).__name__}: {exc})")
     if isinstance(exc, OSError):
         return os_error_to_checkpoint_error(exc, uri, action)
+    unknown_option = unknown_option_error(exc, scheme)
+    if unknown_option is not None:
+        return unknown_option
     if isinstance(exc, ValueError | TypeError | KeyError):
         return exc  # misuse (e.g. a bad storage option) keeps its own type and text
     return CheckpointStorageError(f"storage error {action} {uri}: {type(exc).__name__}: {exc}")

@@ -73,15 +73,6 @@ def test_a_missing_object_loads_as_none(remote: Remote) -> None:
     assert checkpoint(remote, "unused", "never-written").load_sync() is None
 
 
-def test_a_missing_bucket_loads_as_none(remote: Remote) -> None:
-    cp = Checkpoint(
-        "unused",
-        f"{remote.scheme}://no-such-bucket-{remote.bucket}/cp",
-        storage_options=remote.storage_options,
-    )
-    assert cp.load_sync() is None
-
-
 def test_an_empty_object_loads_as_none(remote: Remote) -> None:
     fs = remote.server.filesystem()
     with fs.open(remote.uri("empty"), "wb"):

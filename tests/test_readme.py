@@ -1,0 +1,66 @@
+"""Every name the README shows a user is importable the way it shows it."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+PUBLIC_MODULES = ("flyte_checkpoint", "flyte_checkpoint.state", "flyte_checkpoint.distributed")
+# Classes of other libraries the README names (torch.distributed.checkpoint's own), where they live.
+OTHER_LIBRARIES = {
+    "AsyncCheckpointerType": "torch.distributed.checkpoint.state_dict_saver",
+    "CheckpointException": "torch.distributed.checkpoint",
+    "FileSystemWriter": "torch.distributed.checkpoint",
+    "FsspecWriter": "torch.distributed.checkpoint._fsspec_filesystem",
+    "StorageReader": "torch.distributed.checkpoint",
+    "StorageWriter": "torch.distributed.checkpoint",
+}
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def _imports() -> list[tuple[str, str | None]]:
+    found: list[tuple[str, str | None]] = []
+    for block in _python_blocks():
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found += [(node.module, alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(alias.name, None) for alias in node.names]
+    return found
+
+
+def _class_names_in_prose() -> set[str]:
+    """CamelCase names in inline code (`RetryPolicy(...)`, `CheckpointError`), not builtins."""
+    names = set(re.findall(r"`([A-Z][a-z]+[A-Z][A-Za-z]*)\b", README.read_text()))
+    return {name for name in names if not hasattr(builtins, name)}
+
+
+def test_the_readme_has_python_imports_to_check() -> None:
+    assert any(module == "flyte_checkpoint" for module, _ in _imports())
+
+
+@pytest.mark.parametrize(("module", "name"), _imports(), ids=lambda value: str(value))
+def test_every_import_in_the_readme_works(module: str, name: str | None) -> None:
+    imported = importlib.import_module(module)
+    if name is not None:
+        assert hasattr(imported, name), f"README imports {name} from {module}, which has no such name"
+
+
+@pytest.mark.parametrize("name", sorted(_class_names_in_prose()))
+def test_every_class_the_readme_names_is_exported(name: str) -> None:
+    if name in OTHER_LIBRARIES:
+        assert hasattr(importlib.import_module(OTHER_LIBRARIES[name]), name)
+        return
+    modules = [importlib.import_module(module) for module in PUBLIC_MODULES]
+    assert any(name in getattr(module, "__all__", ()) for module in modules), (
+        f"README names {name}, but neither {' nor '.join(PUBLIC_MODULES)} exports it"
+    )
