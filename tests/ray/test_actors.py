@@ -1,0 +1,304 @@
+"""Components as Ray actors, on a real three-node Ray cluster: each actor writes and loads its own
+part, the driver commits; failures Ray detects (a dead actor, a lost node, a missed deadline)
+raise this package's typed errors, commit nothing, and roll loads back."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from flyte_checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointPartError,
+    CheckpointTimeoutError,
+    UnsupportedTypeError,
+)
+from flyte_checkpoint.state import CheckpointManager, StateCheckpoint, load_checkpoint, save_checkpoint
+from tests.ray.actors import NotAComponent, Unit
+from tests.ray.conftest import RayCluster, Store, wait_until_entered
+
+RemoteUnit = ray.remote(num_cpus=0)(Unit)
+RemoteNotAComponent = ray.remote(num_cpus=0)(NotAComponent)
+
+
+def unit_on(node: str, name: str = "") -> Any:
+    return RemoteUnit.options(resources={node: 0.01}).remote(name)
+
+
+@pytest.fixture
+def units(ray_cluster: RayCluster) -> Iterator[list[Any]]:
+    """A controller on the head node and one unit on each of the three nodes."""
+    created = [
+        unit_on("node0", "controller"),
+        unit_on("node0", "u0"),
+        unit_on("node1", "u1"),
+        unit_on("node2", "u2"),
+    ]
+    yield created
+    for actor in created:
+        ray.kill(actor)
+
+
+def fill(actors: list[Any], generation: int) -> None:
+    ray.get(
+        [
+            actor.put.remote(f"k{index}", f"v{index}-{generation}", generation)
+            for index, actor in enumerate(actors)
+        ]
+    )
+
+
+def snapshots(actors: list[Any]) -> list[dict[str, Any]]:
+    return list(ray.get([actor.snapshot.remote() for actor in actors]))
+
+
+def test_the_units_are_spread_over_three_nodes(units: list[Any]) -> None:
+    assert len(set(ray.get([unit.node_id.remote() for unit in units[1:]]))) == 3
+
+
+def test_actors_round_trip_with_metadata_into_fresh_actors_by_position(
+    ray_cluster: RayCluster, units: list[Any], store: Store
+) -> None:
+    controller, *parts = units
+    fill(units, generation=7)
+    manifest = save_checkpoint(
+        store.uri("ckpt"),
+        controller=controller,
+        parts=parts,
+        metadata={"step": 7},
+        storage_options=store.storage_options,
+    )
+    assert manifest.world_size == 3
+    assert manifest.controller is not None
+
+    fresh = [unit_on("node2"), unit_on("node1"), unit_on("node0"), unit_on("node1")]
+    try:
+        metadata = load_checkpoint(
+            store.uri("ckpt"), controller=fresh[0], parts=fresh[1:], storage_options=store.storage_options
+        )
+        assert metadata == {"step": 7}
+        assert snapshots(fresh) == snapshots(units)
+    finally:
+        for actor in fresh:
+            ray.kill(actor)
+
+
+def test_each_part_is_serialised_and_written_inside_its_own_actor(
+    ray_cluster: RayCluster, units: list[Any], local_store: Store
+) -> None:
+    _, *parts = units
+    checkpoint = StateCheckpoint(local_store.uri("ckpt"), serializer=PidStampingSerializer())
+    checkpoint.save(controller=None, parts=parts)
+    writers = [int(checkpoint.read_part(position).split(b":", 1)[0]) for position in range(3)]
+    assert writers == ray.get([part.pid.remote() for part in parts])
+
+
+class PidStampingSerializer:
+    """Pickle, prefixed with the id of the process that serialised the state."""
+
+    name = "pid-pickle"
+
+    def dumps(self, obj: Any) -> bytes:
+        import os
+
+        return f"{os.getpid()}:".encode() + pickle.dumps(obj)
+
+    def loads(self, data: bytes) -> Any:
+        return pickle.loads(data.split(b":", 1)[1])
+
+
+def test_a_count_mismatch_raises_value_error_naming_both_counts(
+    ray_cluster: RayCluster, units: list[Any], local_store: Store
+) -> None:
+    controller, *parts = units
+    save_checkpoint(local_store.uri("ckpt"), controller=controller, parts=parts)
+    fill(units, generation=3)
+    with pytest.raises(ValueError, match=r"has 3 parts, but the running system has 2"):
+        load_checkpoint(local_store.uri("ckpt"), controller=controller, parts=parts[:2])
+    assert [snapshot["generation"] for snapshot in snapshots(units)] == [3, 3, 3, 3]
+
+
+def test_an_actor_killed_mid_save_raises_a_part_error_and_keeps_the_previous_checkpoint(
+    ray_cluster: RayCluster, units: list[Any], store: Store, hold_dir: Path
+) -> None:
+    controller, *parts = units
+    checkpoint = StateCheckpoint(store.uri("ckpt"), storage_options=store.storage_options)
+    fill(units, generation=1)
+    checkpoint.save(controller=controller, parts=parts, metadata={"step": 1})
+    fill(units, generation=2)
+    ray.get(parts[2].hold_in.remote("save", str(hold_dir)))
+    with ThreadPoolExecutor(1) as pool:
+        saving = pool.submit(checkpoint.save, controller=controller, parts=parts, metadata={"step": 2})
+        wait_until_entered(hold_dir)
+        ray.kill(parts[2])
+        with pytest.raises(CheckpointPartError, match=r"part 2 failed: its actor died") as caught:
+            saving.result()
+    assert caught.value.position == 2
+    assert "nothing was saved" in str(caught.value)
+    assert checkpoint.verify().metadata == {"step": 1}
+    assert_previous_checkpoint_loads(checkpoint, generation=1)
+
+
+def assert_previous_checkpoint_loads(checkpoint: StateCheckpoint, generation: int) -> None:
+    fresh = [unit_on("node0"), unit_on("node0"), unit_on("node1"), unit_on("node0")]
+    try:
+        checkpoint.load(controller=fresh[0], parts=fresh[1:])
+        assert [snapshot["generation"] for snapshot in snapshots(fresh)] == [generation] * 4
+    finally:
+        for actor in fresh:
+            ray.kill(actor)
+
+
+def test_a_node_lost_mid_save_raises_a_part_error_and_keeps_the_previous_checkpoint(
+    ray_cluster: RayCluster, units: list[Any], store: Store, hold_dir: Path
+) -> None:
+    controller, *parts = units
+    checkpoint = StateCheckpoint(store.uri("ckpt"), storage_options=store.storage_options)
+    fill(units, generation=1)
+    checkpoint.save(controller=controller, parts=parts, metadata={"step": 1})
+    ray.get(parts[2].hold_in.remote("save", str(hold_dir)))
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            saving = pool.submit(checkpoint.save, controller=controller, parts=parts, metadata={"step": 2})
+            wait_until_entered(hold_dir)
+            ray_cluster.remove_node("node2")
+            with pytest.raises(CheckpointPartError, match=r"part 2 failed: its actor") as caught:
+                saving.result()
+        assert caught.value.position == 2
+        assert checkpoint.verify().metadata == {"step": 1}
+    finally:
+        ray_cluster.restore_nodes()
+    assert_previous_checkpoint_loads(checkpoint, generation=1)
+
+
+def test_a_part_that_misses_the_deadline_raises_a_timeout_naming_it(
+    ray_cluster: RayCluster, units: list[Any], local_store: Store, hold_dir: Path
+) -> None:
+    controller, *parts = units
+    checkpoint = StateCheckpoint(local_store.uri("ckpt"), timeout=1.5)
+    fill(units, generation=1)
+    checkpoint.save(controller=controller, parts=parts, metadata={"step": 1})
+    ray.get(parts[1].hold_in.remote("save", str(hold_dir)))
+    try:
+        with pytest.raises(CheckpointTimeoutError, match=r"\(part 1 not done\)"):
+            checkpoint.save(controller=controller, parts=parts, metadata={"step": 2})
+    finally:
+        (hold_dir / "release").touch()
+    assert checkpoint.verify().metadata == {"step": 1}
+
+
+def test_an_actor_killed_mid_load_raises_and_every_other_component_is_rolled_back(
+    ray_cluster: RayCluster, units: list[Any], store: Store, hold_dir: Path
+) -> None:
+    controller, *parts = units
+    checkpoint = StateCheckpoint(store.uri("ckpt"), storage_options=store.storage_options)
+    fill(units, generation=1)
+    checkpoint.save(controller=controller, parts=parts)
+    fill(units, generation=2)
+    ray.get(parts[1].hold_in.remote("load", str(hold_dir)))
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(checkpoint.load, controller=controller, parts=parts)
+        wait_until_entered(hold_dir)
+        ray.kill(parts[1])
+        with pytest.raises(CheckpointPartError, match=r"part 1 failed: its actor died") as caught:
+            loading.result()
+    assert "every other component was rolled back" in str(getattr(caught.value, "__notes__", ""))
+    survivors = [controller, parts[0], parts[2]]
+    assert [snapshot["generation"] for snapshot in snapshots(survivors)] == [2, 2, 2]
+
+
+def test_a_part_that_fails_to_apply_rolls_every_component_back(
+    ray_cluster: RayCluster, units: list[Any], local_store: Store
+) -> None:
+    controller, *parts = units
+    checkpoint = StateCheckpoint(local_store.uri("ckpt"))
+    fill(units, generation=1)
+    checkpoint.save(controller=controller, parts=parts)
+    fill(units, generation=2)
+    before = snapshots(units)
+    ray.get(parts[2].fail_next_load.remote())
+    with pytest.raises(CheckpointPartError, match=r"part 2 failed: applying its state raised RuntimeError"):
+        checkpoint.load(controller=controller, parts=parts)
+    assert snapshots(units) == before
+
+
+def test_a_damaged_part_is_found_before_any_actor_is_touched(
+    ray_cluster: RayCluster, units: list[Any], local_store: Store
+) -> None:
+    controller, *parts = units
+    checkpoint = StateCheckpoint(local_store.uri("ckpt"))
+    fill(units, generation=1)
+    manifest = checkpoint.save(controller=controller, parts=parts)
+    fill(units, generation=2)
+    stored = Path(local_store.uri("ckpt")) / "versions" / manifest.version_id / "part-00001.bin"
+    data = bytearray(stored.read_bytes())
+    data[-3] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptError, match="part 1"):
+        checkpoint.load(controller=controller, parts=parts)
+    assert [snapshot["generation"] for snapshot in snapshots(units)] == [2, 2, 2, 2]
+
+
+def test_a_mutation_under_the_lock_is_never_half_in_a_checkpoint(
+    ray_cluster: RayCluster, units: list[Any], store: Store
+) -> None:
+    controller, *parts = units
+    checkpoint = StateCheckpoint(store.uri("ckpt"), storage_options=store.storage_options)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def mutate() -> None:
+        generation = 0
+        while not stop.is_set():
+            generation += 1
+            with lock:  # one generation reaches every actor, waited for inside the lock
+                fill(units, generation)
+
+    mutator = threading.Thread(target=mutate)
+    mutator.start()
+    try:
+        for _ in range(5):
+            checkpoint.save(controller=controller, parts=parts, lock=lock)
+            stored = [pickle.loads(checkpoint.read_part(position)) for position in range(3)]
+            generations = {state["generation"] for state in stored}
+            assert len(generations) == 1, f"a checkpoint mixes generations {generations}"
+    finally:
+        stop.set()
+        mutator.join()
+
+
+def test_the_manager_saves_and_restores_steps_of_actors(
+    ray_cluster: RayCluster, units: list[Any], local_store: Store
+) -> None:
+    controller, *parts = units
+    manager = CheckpointManager(local_store.base, keep_last=1)
+    for step in (1, 2):
+        fill(units, generation=step)
+        manager.save(step, controller=controller, parts=parts, metadata={"step": step})
+    assert manager.steps() == [2]
+    fill(units, generation=9)
+    restored = manager.load(controller=controller, parts=parts)
+    assert restored is not None
+    assert restored.metadata == {"step": 2}
+    assert [snapshot["generation"] for snapshot in snapshots(units)] == [2, 2, 2, 2]
+
+
+def test_an_actor_that_is_not_a_component_is_refused_with_nothing_committed(
+    ray_cluster: RayCluster, units: list[Any], local_store: Store
+) -> None:
+    stranger: Any = RemoteNotAComponent.remote()
+    try:
+        checkpoint = StateCheckpoint(local_store.uri("ckpt"))
+        with pytest.raises(UnsupportedTypeError, match=r"NotAComponent, which cannot be checkpointed"):
+            checkpoint.save(controller=None, parts=[units[1], stranger])
+        with pytest.raises(FileNotFoundError):
+            checkpoint.verify()
+    finally:
+        ray.kill(stranger)
