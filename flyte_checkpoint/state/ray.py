@@ -205,7 +205,9 @@ def _roll_back(
 ) -> None:
     """Return every component that applied its part to its prior state; say so on ``exc``."""
     failed = getattr(exc, "position", None)
-    outcomes = _settle(_submit(members, _roll_back_part, checkpoint, token), deadline)
+    # Rolling back must be attempted even when the deadline has passed.
+    bound = Deadline(max(deadline.remaining(), _CLEANUP_SECONDS))
+    outcomes = _settle(_submit(members, _roll_back_part, checkpoint, token), bound)
     problems = [
         f"{label_of(position)}: {describe_exception(error)}"
         for position, error in outcomes.items()

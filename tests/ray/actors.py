@@ -30,6 +30,13 @@ class Unit:
         self._hold: tuple[str, Path] | None = None
         self._fail_load = False
 
+    def reset(self) -> None:
+        """Back to a fresh unit (the tests reuse actors: starting one takes a second)."""
+        self.samples = {}
+        self.generation = 0
+        self._hold = None
+        self._fail_load = False
+
     def put(self, key: str, value: Any, generation: int) -> None:
         self.samples[key] = value
         self.generation = generation

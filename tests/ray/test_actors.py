@@ -32,18 +32,29 @@ def unit_on(node: str, name: str = "") -> Any:
     return RemoteUnit.options(resources={node: 0.01}).remote(name)
 
 
-@pytest.fixture
-def units(ray_cluster: RayCluster) -> Iterator[list[Any]]:
-    """A controller on the head node and one unit on each of the three nodes."""
-    created = [
-        unit_on("node0", "controller"),
-        unit_on("node0", "u0"),
-        unit_on("node1", "u1"),
-        unit_on("node2", "u2"),
-    ]
-    yield created
-    for actor in created:
+UNIT_NODES = ("node0", "node0", "node1", "node2")
+"""Where the controller and the three units live: one unit on each node."""
+
+
+@pytest.fixture(scope="module")
+def unit_pool(ray_cluster: RayCluster) -> Iterator[list[Any]]:
+    pool = [unit_on(node) for node in UNIT_NODES]
+    yield pool
+    for actor in pool:
         ray.kill(actor)
+
+
+@pytest.fixture
+def units(unit_pool: list[Any]) -> list[Any]:
+    """A controller on the head node and one unit on each of the three nodes, all reset; actors
+    that an earlier test killed (or whose node it removed) are replaced."""
+    for index, node in enumerate(UNIT_NODES):
+        try:
+            ray.get(unit_pool[index].reset.remote(), timeout=30)
+        except ray.exceptions.RayError:
+            unit_pool[index] = unit_on(node)
+            ray.get(unit_pool[index].reset.remote(), timeout=30)
+    return list(unit_pool)
 
 
 def fill(actors: list[Any], generation: int) -> None:
@@ -143,17 +154,20 @@ def test_an_actor_killed_mid_save_raises_a_part_error_and_keeps_the_previous_che
     assert caught.value.position == 2
     assert "nothing was saved" in str(caught.value)
     assert checkpoint.verify().metadata == {"step": 1}
-    assert_previous_checkpoint_loads(checkpoint, generation=1)
+    assert_previous_checkpoint_loads(checkpoint, units[:3], generation=1)
 
 
-def assert_previous_checkpoint_loads(checkpoint: StateCheckpoint, generation: int) -> None:
-    fresh = [unit_on("node0"), unit_on("node0"), unit_on("node1"), unit_on("node0")]
+def assert_previous_checkpoint_loads(
+    checkpoint: StateCheckpoint, survivors: list[Any], generation: int
+) -> None:
+    """The survivors and a fresh actor in place of the lost part 2 get the previous checkpoint."""
+    replacement = unit_on("node1")
     try:
-        checkpoint.load(controller=fresh[0], parts=fresh[1:])
-        assert [snapshot["generation"] for snapshot in snapshots(fresh)] == [generation] * 4
+        actors = [*survivors, replacement]
+        checkpoint.load(controller=actors[0], parts=actors[1:])
+        assert [snapshot["generation"] for snapshot in snapshots(actors)] == [generation] * 4
     finally:
-        for actor in fresh:
-            ray.kill(actor)
+        ray.kill(replacement)
 
 
 def test_a_node_lost_mid_save_raises_a_part_error_and_keeps_the_previous_checkpoint(
@@ -175,7 +189,7 @@ def test_a_node_lost_mid_save_raises_a_part_error_and_keeps_the_previous_checkpo
         assert checkpoint.verify().metadata == {"step": 1}
     finally:
         ray_cluster.restore_nodes()
-    assert_previous_checkpoint_loads(checkpoint, generation=1)
+    assert_previous_checkpoint_loads(checkpoint, units[:3], generation=1)
 
 
 def test_a_part_that_misses_the_deadline_raises_a_timeout_naming_it(
@@ -302,3 +316,19 @@ def test_an_actor_that_is_not_a_component_is_refused_with_nothing_committed(
             checkpoint.verify()
     finally:
         ray.kill(stranger)
+
+
+def test_a_controller_in_the_driver_is_saved_and_restored_with_actor_parts(
+    ray_cluster: RayCluster, units: list[Any], local_store: Store
+) -> None:
+    _, *parts = units
+    controller = Unit("driver-side")
+    controller.put("produced", [0, 1, 2], generation=4)
+    fill(parts, generation=4)
+    checkpoint = StateCheckpoint(local_store.uri("ckpt"))
+    checkpoint.save(controller=controller, parts=parts)
+    controller.put("produced", [], generation=5)
+    fill(parts, generation=5)
+    checkpoint.load(controller=controller, parts=parts)
+    assert controller.snapshot() == {"samples": {"produced": [0, 1, 2]}, "generation": 4}
+    assert [snapshot["generation"] for snapshot in snapshots(parts)] == [4, 4, 4]
