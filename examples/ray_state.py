@@ -28,7 +28,6 @@ UNITS = 3
 STEP = 1000
 
 
-@ray.remote(num_cpus=0)
 class StorageUnit:
     """Holds samples in its own process; a component because it has state_dict/load_state_dict."""
 
@@ -48,7 +47,6 @@ class StorageUnit:
         return ", ".join(f"{index}={sample}" for index, sample in sorted(self.samples.items()))
 
 
-@ray.remote(num_cpus=0)
 class Controller:
     """Knows which samples were produced; saved and restored with the units, as one state."""
 
@@ -68,8 +66,13 @@ class Controller:
         return f"produced {self.produced}"
 
 
+# Actors need no CPU of their own here: the demo fits a one-CPU Ray instance.
+RemoteController = ray.remote(num_cpus=0)(Controller)
+RemoteStorageUnit = ray.remote(num_cpus=0)(StorageUnit)
+
+
 def start_actors() -> tuple[Any, list[Any]]:
-    return Controller.remote(), [StorageUnit.remote() for _ in range(UNITS)]
+    return RemoteController.remote(), [RemoteStorageUnit.remote() for _ in range(UNITS)]
 
 
 def main(argv: list[str] | None = None) -> int:
