@@ -75,6 +75,16 @@ def start_actors() -> tuple[Any, list[Any]]:
     return RemoteController.remote(), [RemoteStorageUnit.remote() for _ in range(UNITS)]
 
 
+def kill(actor: Any) -> None:
+    """Kill ``actor`` and wait until Ray reports it dead (``ray.kill`` only asks for it)."""
+    ray.kill(actor)
+    while True:
+        try:
+            ray.get(actor.describe.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -98,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         for part in manifest.parts:
             print(f"  part {part.position}: {part.size} bytes, digest {part.digest}")
 
-        ray.kill(units[1])
+        kill(units[1])
         try:
             checkpoint.save(controller=controller, parts=units, metadata={"step": STEP + 1})
         except CheckpointPartError as error:
