@@ -70,11 +70,6 @@ _CLEANUP_SECONDS = 5.0
 """How long a failed operation waits, at least, for its actors to drop what they hold."""
 
 
-def is_actor(component: object) -> bool:
-    """Whether ``component`` is a Ray actor handle."""
-    return isinstance(component, ActorHandle)
-
-
 @dataclass(frozen=True)
 class _Member:
     """A component taking part in one operation: an actor, or a local object run in the driver."""
