@@ -13,7 +13,7 @@ from typing import Any
 
 from flyte_checkpoint.state.acks import Worker
 from flyte_checkpoint.state.checkpoint import StateCheckpoint
-from flyte_checkpoint.state.components import PICKLE, Component, Serializer
+from flyte_checkpoint.state.components import PICKLE, Component, ComponentOrActor, Serializer
 from flyte_checkpoint.state.manifest import Manifest, PartAck
 from flyte_checkpoint.state.parts import PartData
 from flyte_checkpoint.state.runtime import DEFAULT_TIMEOUT, LockLike
@@ -25,8 +25,8 @@ Directory = str | os.PathLike[str]
 def save_checkpoint(
     checkpoint_dir: Directory,
     *,
-    controller: Component | None,
-    parts: Sequence[Component],
+    controller: ComponentOrActor | None,
+    parts: Sequence[ComponentOrActor],
     metadata: dict[str, Any] | None = None,
     lock: LockLike | None = None,
     serializer: Serializer = PICKLE,
@@ -48,8 +48,8 @@ def save_checkpoint(
 def load_checkpoint(
     checkpoint_dir: Directory,
     *,
-    controller: Component | None,
-    parts: Sequence[Component],
+    controller: ComponentOrActor | None,
+    parts: Sequence[ComponentOrActor],
     lock: LockLike | None = None,
     serializer: Serializer = PICKLE,
     timeout: float = DEFAULT_TIMEOUT,

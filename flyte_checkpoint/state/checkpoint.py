@@ -10,6 +10,7 @@ operation is a method: a one-process :meth:`~StateCheckpoint.save` and
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from flyte_checkpoint.state.commit import (
 from flyte_checkpoint.state.components import (
     PICKLE,
     Component,
+    ComponentOrActor,
     Payload,
     Serializer,
     capture,
@@ -131,8 +133,8 @@ class StateCheckpoint:
     def save(
         self,
         *,
-        controller: Component | None,
-        parts: Sequence[Component],
+        controller: ComponentOrActor | None,
+        parts: Sequence[ComponentOrActor],
         metadata: dict[str, Any] | None = None,
         lock: LockLike | None = None,
     ) -> Manifest:
@@ -144,7 +146,14 @@ class StateCheckpoint:
         ``state_dict()`` results are serialised inside the lock, because they may reference live
         objects. ``metadata`` (JSON values) is stored with the manifest and returned by loads.
         A part that fails makes this raise, naming it and the cause, with nothing committed.
+
+        Ray actor handles may be given as components: each actor then writes its own part (see
+        :mod:`flyte_checkpoint.state.ray`).
         """
+        if _holds_actors(controller, parts):
+            from flyte_checkpoint.state.ray import save_actors
+
+            return save_actors(self, controller=controller, parts=parts, metadata=metadata, lock=lock)
         layout = self._layout
         targets = _targets(controller, parts)
         user_metadata = checked_metadata(metadata)
@@ -180,7 +189,11 @@ class StateCheckpoint:
             )
 
     def load(
-        self, *, controller: Component | None, parts: Sequence[Component], lock: LockLike | None = None
+        self,
+        *,
+        controller: ComponentOrActor | None,
+        parts: Sequence[ComponentOrActor],
+        lock: LockLike | None = None,
     ) -> Manifest:
         """Restore ``controller`` and ``parts`` (by position); returns the applied manifest.
 
@@ -192,7 +205,14 @@ class StateCheckpoint:
         first; only then are the states applied, under ``lock`` when given. If applying any part
         fails, every component is rolled back to exactly what it held before. The user metadata
         is ``manifest.metadata``.
+
+        Ray actor handles may be given as components: each actor then loads its own part (see
+        :mod:`flyte_checkpoint.state.ray`).
         """
+        if _holds_actors(controller, parts):
+            from flyte_checkpoint.state.ray import load_actors
+
+            return load_actors(self, controller=controller, parts=parts, lock=lock)
         layout = self._layout
         given_controller = controller is not None
 
@@ -504,6 +524,15 @@ def _rebuild(
     return StateCheckpoint(
         root, storage_options=storage_options, serializer=serializer, timeout=timeout, max_workers=max_workers
     )
+
+
+def _holds_actors(controller: object, parts: object) -> bool:
+    """Whether a component is a Ray actor handle. Ray is never imported here: a caller holding a
+    handle has imported it already."""
+    ray = sys.modules.get("ray")
+    if ray is None or isinstance(parts, str | bytes) or not isinstance(parts, Sequence):
+        return False
+    return any(isinstance(component, ray.actor.ActorHandle) for component in (controller, *parts))
 
 
 def _targets(controller: object | None, parts: Sequence[object]) -> list[Target]:

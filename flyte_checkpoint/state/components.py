@@ -16,9 +16,12 @@ import pickle
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from flyte_checkpoint.errors import CheckpointError, UnsupportedTypeError
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 FILE_ENCODING = "file"
 """Encoding of a part whose bytes a component (or caller) wrote as a file."""
@@ -49,6 +52,9 @@ class FileComponent(Protocol):
 
 
 Component: TypeAlias = Stateful | FileComponent
+ComponentOrActor: TypeAlias = "Component | ActorHandle[Any] | type[Any]"
+"""A component, or a Ray actor handle whose actor is one (``.remote()`` is typed ``ActorHandle[T] |
+type[T]``); see :mod:`flyte_checkpoint.state.ray`."""
 ComponentKind = Literal["state", "file"]
 
 

@@ -19,7 +19,7 @@ from flyte_checkpoint.errors import (
 )
 from flyte_checkpoint.state.acks import Worker
 from flyte_checkpoint.state.checkpoint import StateCheckpoint
-from flyte_checkpoint.state.components import PICKLE, Component, Serializer
+from flyte_checkpoint.state.components import PICKLE, ComponentOrActor, Serializer
 from flyte_checkpoint.state.layout import POINTER_NAME, Layout
 from flyte_checkpoint.state.manifest import Manifest, PartAck
 from flyte_checkpoint.state.parts import PartData
@@ -169,8 +169,8 @@ class CheckpointManager:
         self,
         step: int,
         *,
-        controller: Component | None,
-        parts: Sequence[Component],
+        controller: ComponentOrActor | None,
+        parts: Sequence[ComponentOrActor],
         metadata: dict[str, Any] | None = None,
         lock: LockLike | None = None,
     ) -> Manifest:
@@ -233,8 +233,8 @@ class CheckpointManager:
         self,
         step: int | None = None,
         *,
-        controller: Component | None,
-        parts: Sequence[Component],
+        controller: ComponentOrActor | None,
+        parts: Sequence[ComponentOrActor],
         lock: LockLike | None = None,
     ) -> RestoredStep | None:
         """Restore ``step``, or the newest committed step that verifies; ``None`` when there is none.
@@ -270,7 +270,11 @@ class CheckpointManager:
         )
 
     def _load_step(
-        self, step: int, controller: Component | None, parts: Sequence[Component], lock: LockLike | None
+        self,
+        step: int,
+        controller: ComponentOrActor | None,
+        parts: Sequence[ComponentOrActor],
+        lock: LockLike | None,
     ) -> RestoredStep:
         manifest = self.at(step).load(controller=controller, parts=parts, lock=lock)
         self._resumed_step = step
