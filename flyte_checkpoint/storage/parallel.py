@@ -27,6 +27,7 @@ import concurrent.futures
 import contextlib
 import io
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from flyte_checkpoint.errors import CheckpointStorageError, CheckpointTimeoutError, CheckpointUnavailableError
+from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import ObjectInfo, ObjectWriter
 from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
@@ -262,8 +264,10 @@ class ParallelWriter(ObjectWriter):
         settings: TransferSettings,
         *,
         expected_size: int | None = None,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
     ) -> None:
-        super().__init__(target.uri)
+        super().__init__(target.uri, progress=progress, gate=gate)
         self.metadata.update(metadata)
         # What a multipart upload starts with: fixed now, as the commit adds to self.metadata
         # while the first part may still be starting the upload on the loop.
