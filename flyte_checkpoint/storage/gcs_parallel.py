@@ -46,6 +46,8 @@ PARTS_SUFFIX = ".fc-parts"
 """Temporary part objects of a save to ``<destination>`` live below ``<destination>.fc-parts/``."""
 MAX_PARTS = 10_000
 COMPOSE_SOURCES = 32
+ABORT_WAIT = 10.0
+"""Seconds an abort waits for part uploads still in flight before it deletes the parts."""
 """GCS composes at most 32 source objects per request."""
 _CONTENT_TYPE = "application/octet-stream"
 _BOUNDARY = "fc-part-boundary-7f3a"
@@ -81,6 +83,9 @@ class GCSObject:
         self._bucket, self._key, generation = fs.split_path(uri)
         self._generation = str(generation) if generation else None
         self.max_parts = MAX_PARTS
+        self._crc32c: str | None = None
+        """The whole object's CRC32C as its description gave it: each range is checked against it."""
+        self._part_requests: set[asyncio.Task[str]] = set()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -190,7 +195,19 @@ class GCSObject:
         from flyte_checkpoint.storage.s3_parallel import _PartBody
 
         # A file-like body goes out in chunks, not as a copy of the part (see s3_parallel).
-        return await self._upload(f"{self._parts_prefix(upload_id)}{number:05d}", _PartBody(body))
+        request = asyncio.ensure_future(
+            self._upload(f"{self._parts_prefix(upload_id)}{number:05d}", _PartBody(body))
+        )
+        self._part_requests.add(request)
+        request.add_done_callback(self._part_request_done)
+        # Shielded: a part whose request is cancelled (an abort) may still be stored by the
+        # server once its body is in; abort() lets such requests end before it lists the parts.
+        return await asyncio.shield(request)
+
+    def _part_request_done(self, request: asyncio.Task[str]) -> None:
+        self._part_requests.discard(request)
+        if not request.cancelled():
+            request.exception()  # seen here when the part's caller was cancelled and is gone
 
     async def _compose(self, destination: str, sources: Sequence[tuple[str, str]], metadata: Any) -> str:
         composed = await self._json(
@@ -239,6 +256,11 @@ class GCSObject:
         await asyncio.gather(*(delete(name) for name in names))
 
     async def abort(self, upload_id: str) -> None:
+        if self._part_requests:
+            # Bounded: a stalled request is cut off; the stale sweep deletes what it may leave.
+            await asyncio.wait(set(self._part_requests), timeout=ABORT_WAIT)
+            for request in self._part_requests:
+                request.cancel()
         # Listed, not remembered: a part whose response was lost exists all the same.
         await self._delete_all([item["name"] for item in await self._list(self._parts_prefix(upload_id))])
 
@@ -273,6 +295,15 @@ class GCSObject:
             params=self._pinned(generation),
             headers={"Range": f"bytes={start}-{start + length - 1}"},
         )
+        # GCS answers a replaced generation with 404; fake-gcs-server keeps the generation when a
+        # compose replaces an object, so the whole object's CRC32C (sent with every range) is
+        # compared too.
+        hashes = dict(
+            item.strip().partition("=")[::2] for item in response.headers.get("X-Goog-Hash", "").split(",")
+        )
+        if self._crc32c and hashes.get("crc32c", self._crc32c) != self._crc32c:
+            response.close()
+            raise FileNotFoundError(f"{self.uri} at generation {generation}")
         return _Response(response)
 
     async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:
@@ -290,6 +321,7 @@ class GCSObject:
             if described.get("updated")
             else None,
         )
+        self._crc32c = described.get("crc32c")
         if info.size == 0:
             return info, _Empty()
         return info, await self.get_range(0, min(length, info.size), info.version)
