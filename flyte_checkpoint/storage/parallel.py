@@ -217,6 +217,10 @@ class _Deadline:
         try:
             return future.result(timeout=self.remaining())
         except concurrent.futures.TimeoutError:
+            if future.done() and not future.cancelled():
+                # The operation's own TimeoutError (one class with this one since Python
+                # 3.11: aiohttp's request timeout), not the deadline: raise it as it is.
+                return future.result()
             future.cancel()
             raise self.expired() from None
 
