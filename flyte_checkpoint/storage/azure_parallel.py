@@ -123,8 +123,11 @@ class AzureBlob:
         return uuid.uuid4().hex[:24]
 
     async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
+        from flyte_checkpoint.storage.s3_parallel import _PartBody
+
         block_id = f"{upload_id}{number:08d}"
-        await self._blob_client().stage_block(block_id, body, length=len(body))
+        # A file-like body goes out in chunks, not as a copy of the part (see s3_parallel).
+        await self._blob_client().stage_block(block_id, _PartBody(body), length=len(body))
         return block_id
 
     async def complete(
