@@ -304,6 +304,12 @@ class GCSObject:
         if self._crc32c and hashes.get("crc32c", self._crc32c) != self._crc32c:
             response.close()
             raise FileNotFoundError(f"{self.uri} at generation {generation}")
+        if response.status != 206 and start > 0:
+            response.close()
+            raise ValueError(
+                f"the server holding {self.uri} ignored a ranged GET; parallel loads need Range "
+                "support (GCS and its emulators have it)"
+            )
         return _Response(response)
 
     async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:

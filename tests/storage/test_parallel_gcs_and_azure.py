@@ -245,11 +245,14 @@ def test_an_interrupt_while_writing_aborts_the_upload(store: Store) -> None:
     assert store.keys() == ["obj"]
 
 
-def test_an_overwrite_during_a_load_fails_it_instead_of_mixing_versions(remote_store: Store) -> None:
+@pytest.mark.parametrize("replacement", [b"b" * (3 * PART), b"small"], ids=["in-parts", "one-request"])
+def test_an_overwrite_during_a_load_fails_it_instead_of_mixing_versions(
+    remote_store: Store, replacement: bytes
+) -> None:
     store = remote_store
     save(store, "obj", b"a" * (3 * PART))
     reader = store.backend.open_read(store.uri("obj"))
-    save(store, "obj", b"b" * (3 * PART))
+    save(store, "obj", replacement)
     with pytest.raises(ObjectReplacedError, match="replaced while it was being read"):
         load(reader)
 
@@ -328,9 +331,9 @@ def test_azure_blocks_of_a_failed_save_stay_invisible_until_the_next_commit_disc
     azure: Store,
 ) -> None:
     save(azure, "obj", os.urandom(2 * PART))
+    # Part 4 fails once part 2 is staged: some blocks are left uncommitted.
+    failing = target(azure, "obj", fail_part=4, hold_part_until_done=(4, 2))
     with pytest.raises(CheckpointPermissionError):
-        # Part 4 fails once part 2 is staged: some blocks are left uncommitted.
-        failing = target(azure, "obj", fail_part=4, hold_part_until_done=(4, 2))
         faulty_save(azure, failing, os.urandom(5 * PART))
     assert uncommitted_blocks(azure, "obj") > 0
     data = os.urandom(2 * PART + 1)
