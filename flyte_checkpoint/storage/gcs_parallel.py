@@ -32,20 +32,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 from flyte_checkpoint.storage.base import ObjectInfo
 from flyte_checkpoint.storage.fsspec_store import our_metadata
 from flyte_checkpoint.storage.parallel import ObjectReplacedError, RangeBody
 
+logger = logging.getLogger("flyte_checkpoint")
+T = TypeVar("T")
+
 PARTS_SUFFIX = ".fc-parts"
 """Temporary part objects of a save to ``<destination>`` live below ``<destination>.fc-parts/``."""
 MAX_PARTS = 10_000
 COMPOSE_SOURCES = 32
+REQUESTS_IN_FLIGHT = 8
+"""Composes or deletes of one save sent at once (each may open a connection)."""
 ABORT_WAIT = 10.0
 """Seconds an abort waits for part uploads still in flight before it deletes the parts."""
 """GCS composes at most 32 source objects per request."""
@@ -230,30 +236,25 @@ class GCSObject:
         sources = [(f"{prefix}{number:05d}", generation) for number, generation in receipts]
         temporary = [name for name, _ in sources]
         rounds = 0
+        while len(sources) > COMPOSE_SOURCES:
+            # More than one request can take: compose groups into intermediates first (named
+            # per round, so a retried completion overwrites them; an abort deletes them).
+            rounds += 1
+            groups = [sources[i : i + COMPOSE_SOURCES] for i in range(0, len(sources), COMPOSE_SOURCES)]
+            names = [f"{prefix}c{rounds}-{index:05d}" for index in range(len(groups))]
+            temporary += names
+            composes = (self._compose(name, group, None) for name, group in zip(names, groups, strict=True))
+            sources = list(zip(names, await _bounded(composes), strict=True))
+        # The one atomic step: the destination becomes the parts, in order, with the metadata.
+        await self._compose(self._key, sources, dict(metadata))
         try:
-            while len(sources) > COMPOSE_SOURCES:
-                # More than one request can take: compose groups into intermediates first.
-                rounds += 1
-                groups = [sources[i : i + COMPOSE_SOURCES] for i in range(0, len(sources), COMPOSE_SOURCES)]
-                names = [f"{prefix}c{rounds}-{index:05d}" for index in range(len(groups))]
-                temporary += names
-                generations = await asyncio.gather(
-                    *(self._compose(name, group, None) for name, group in zip(names, groups, strict=True))
-                )
-                sources = list(zip(names, generations, strict=True))
-            # The one atomic step: the destination becomes the parts, in order, with the metadata.
-            await self._compose(self._key, sources, dict(metadata))
-        finally:
             await self._delete_all(temporary)
+        except Exception as exc:
+            # The save has landed; what is left is swept by a later save (stale_upload_age).
+            logger.warning("could not delete the temporary parts of %s: %r", self.uri, exc)
 
     async def _delete_all(self, names: Sequence[str]) -> None:
-        limit = asyncio.Semaphore(COMPOSE_SOURCES)
-
-        async def delete(name: str) -> None:
-            async with limit:
-                await self._delete(name)
-
-        await asyncio.gather(*(delete(name) for name in names))
+        await _bounded(self._delete(name) for name in names)
 
     async def abort(self, upload_id: str) -> None:
         if self._part_requests:
@@ -340,6 +341,17 @@ class GCSObject:
                 f"checkpoint {self.uri} was replaced while it was being read; load it again to "
                 "read the new version"
             ) from exc
+
+
+async def _bounded(requests: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """The results of ``requests``, at most :data:`REQUESTS_IN_FLIGHT` of them running at once."""
+    limit = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+
+    async def one(request: Coroutine[Any, Any, T]) -> T:
+        async with limit:
+            return await request
+
+    return list(await asyncio.gather(*(one(request) for request in requests)))
 
 
 class _Empty:

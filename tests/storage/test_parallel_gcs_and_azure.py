@@ -146,6 +146,7 @@ class FaultyTarget:
     error: BaseException = field(default_factory=lambda: PermissionError("injected"))
     times: int = 1_000_000
     hold_part_until_done: tuple[int, int] | None = None
+    fail_complete: bool = False
     attempts: dict[int, int] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     _done: dict[int, asyncio.Event] = field(default_factory=dict)
@@ -185,6 +186,8 @@ class FaultyTarget:
     async def complete(
         self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
     ) -> None:
+        if self.fail_complete:
+            raise self.error
         await self.real.complete(upload_id, receipts, metadata)
 
     async def abort(self, upload_id: str) -> None:
@@ -212,6 +215,14 @@ def test_a_failed_part_aborts_the_upload_and_keeps_the_old_object(store: Store) 
     assert store.stored("obj") == b"old checkpoint"
     assert store.keys() == ["obj"]  # GCS: no temporary part object left
     assert failing.attempts[2] == 1  # refused access is not retried
+
+
+def test_a_failed_completion_keeps_the_old_object_and_leaves_no_parts(store: Store) -> None:
+    save(store, "obj", b"old checkpoint")
+    with pytest.raises(CheckpointPermissionError):
+        faulty_save(store, target(store, "obj", fail_complete=True), os.urandom(3 * PART))
+    assert store.stored("obj") == b"old checkpoint"
+    assert store.keys() == ["obj"]
 
 
 def test_a_transient_part_failure_is_retried_on_its_own(store: Store) -> None:
