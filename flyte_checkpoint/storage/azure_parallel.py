@@ -16,14 +16,17 @@ other's staged blocks and the other fails (``InvalidBlockList``) instead of land
 Block ids are 32 characters, as adlfs's are: Azure refuses a block whose id length differs from
 the blob's other uncommitted blocks, which a killed save of either kind may have left.
 
-Loads: ranged Get Blob requests pinned to the ETag of the first response
-(``match_condition=IfNotModified``), so an overwrite during a load fails it (HTTP 412) instead
-of mixing two versions.
+Loads: ranged Get Blob requests pinned to the ETag of the first response (``If-Match``), so an
+overwrite during a load fails it (HTTP 412) instead of mixing two versions. They go through the
+SDK's generated operation, which streams the response (see :meth:`AzureBlob._get`): a private
+attribute of the blob client (``_client``), stable across the SDK's 12.x releases but checked by
+the tests on each upgrade.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -36,51 +39,29 @@ MAX_BLOCKS = 50_000
 """Azure's cap on committed blocks per blob."""
 
 
-class _IntoView:
-    """A writable stream over a memoryview: where the SDK's ``readinto`` copies a range to."""
+class _RangeStream:
+    """One ranged Get Blob response being received, as a :class:`RangeBody`."""
 
-    def __init__(self, view: memoryview) -> None:
-        self._view = view
-        self.filled = 0
-
-    def write(self, data: bytes) -> int:
-        count = min(len(data), len(self._view) - self.filled)
-        self._view[self.filled : self.filled + count] = memoryview(data)[:count]
-        self.filled += count
-        return count
-
-    def seekable(self) -> bool:
-        return False
-
-
-class _RangeDownload:
-    """One ranged download as a :class:`RangeBody`.
-
-    The SDK receives a range whole before it hands out any of it (``StorageStreamDownloader``
-    joins the response into one ``bytes``); from there it is copied once, into the reader's
-    buffer.
-    """
-
-    def __init__(self, downloader: Any) -> None:
-        self._downloader = downloader
-        self._left = int(downloader.size)
+    def __init__(self, response: Any, chunks: Any) -> None:
+        self._response = response
+        self._chunks = chunks
+        self._left = memoryview(b"")
 
     async def readinto(self, b: memoryview, /) -> int:
-        if self._left <= 0:
-            return 0
-        if len(b) >= self._left:
-            into = _IntoView(b)
-            await self._downloader.readinto(into)
-            count = into.filled
-        else:
-            data = await self._downloader.read(len(b))
-            count = len(data)
-            b[:count] = data
-        self._left -= count
+        if not self._left:
+            try:
+                self._left = memoryview(await self._chunks.__anext__())
+            except StopAsyncIteration:
+                return 0
+        count = min(len(b), len(self._left))
+        b[:count] = self._left[:count]
+        self._left = self._left[count:]
         return count
 
     async def aclose(self) -> None:
-        self._downloader = None
+        internal = getattr(self._response, "internal_response", None)
+        if internal is not None:
+            internal.close()  # aiohttp's response: the connection is dropped, not reused
 
 
 def _status(exc: BaseException) -> int | None:
@@ -148,52 +129,69 @@ class AzureBlob:
 
     # downloads
 
-    def _download_options(self, version: str | None) -> dict[str, Any]:
-        options: dict[str, Any] = {"max_concurrency": 1}
-        if version is not None:
-            from azure.core import MatchConditions
+    async def _get(self, start: int, length: int | None, etag: str | None) -> tuple[Any, _RangeStream]:
+        """Send a Get Blob for ``length`` bytes from ``start`` (``None``: no range); return the
+        response headers and its body, not yet received.
 
-            options.update(etag=version, match_condition=MatchConditions.IfNotModified)
+        The SDK's own ``download_blob`` receives a range whole into one ``bytes`` (joining the
+        chunks first) before it hands any of it out: two more copies of every range in flight,
+        which took loads past 200 MiB. Its generated operation streams: that is what runs here.
+        """
+        from azure.storage.blob._generated.models import ModifiedAccessConditions
+
+        def streamed(pipeline_response: Any, chunks: Any, headers: Any) -> tuple[Any, _RangeStream]:
+            response = pipeline_response.http_response
+            return response.headers, _RangeStream(response, chunks)
+
+        options: dict[str, Any] = {"cls": streamed}
+        if length is not None:
+            options["range"] = f"bytes={start}-{start + length - 1}"
+        if etag is not None:
+            options["modified_access_conditions"] = ModifiedAccessConditions(if_match=etag)
         if self._version_id:
             options["version_id"] = self._version_id
-        return options
+        headers, body = await self._blob_client()._client.blob.download(**options)
+        return headers, body
 
     async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:
         from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
-        client = self._blob_client()
-        unpinned = self._download_options(None)
         try:
             try:
-                downloader = await client.download_blob(offset=0, length=length, **unpinned)
+                headers, body = await self._get(0, length, None)
             except HttpResponseError as exc:
                 if _status(exc) != 416:
                     raise
                 # An empty blob has no byte 0 to ask for.
-                downloader = await client.download_blob(**unpinned)
+                headers, body = await self._get(0, None, None)
         except ResourceNotFoundError:
             return None
-        properties = downloader.properties
-        total = str(properties.content_range or "").rpartition("/")[2]
+        total = str(headers.get("Content-Range") or "").rpartition("/")[2]
+        metadata = {
+            name[len("x-ms-meta-") :]: value
+            for name, value in headers.items()
+            if name.lower().startswith("x-ms-meta-")
+        }
+        modified = headers.get("Last-Modified")
         info = ObjectInfo(
             uri=self.uri,
-            size=int(total) if total.isdigit() else int(downloader.size),
-            metadata=our_metadata(properties.metadata or {}),
-            version=str(properties.etag) if properties.etag else None,
-            modified=properties.last_modified,
+            size=int(total) if total.isdigit() else int(headers.get("Content-Length") or 0),
+            metadata=our_metadata(metadata),
+            version=headers.get("ETag"),
+            modified=email.utils.parsedate_to_datetime(modified) if modified else None,
         )
-        return info, _RangeDownload(downloader)
+        return info, body
 
     async def get_range(self, start: int, length: int, version: str | None) -> RangeBody:
-        from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+        from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
         try:
-            downloader = await self._blob_client().download_blob(
-                offset=start, length=length, **self._download_options(version)
-            )
-        except (ResourceModifiedError, ResourceNotFoundError) as exc:
-            raise ObjectReplacedError(
-                f"checkpoint {self.uri} was replaced while it was being read; load it again to "
-                "read the new version"
-            ) from exc
-        return _RangeDownload(downloader)
+            _, body = await self._get(start, length, version)
+        except (HttpResponseError, ResourceNotFoundError) as exc:
+            if isinstance(exc, ResourceNotFoundError) or _status(exc) == 412:
+                raise ObjectReplacedError(
+                    f"checkpoint {self.uri} was replaced while it was being read; load it again "
+                    "to read the new version"
+                ) from exc
+            raise
+        return body
