@@ -382,8 +382,11 @@ class ParallelWriter(ObjectWriter):
         for future in self._in_flight:
             future.cancel()
         # Bounded even when the deadline has passed: the upload must not be left behind.
-        with contextlib.suppress(Exception):
+        try:
             _submit(self._target.loop, self._abort_upload()).result(timeout=60)
+        except Exception as exc:
+            # The save's own error is the one to raise; say where the leftovers are.
+            logger.warning("could not abort the unfinished upload to %s: %r", self.uri, exc)
         self._release()
 
     def _release(self) -> None:

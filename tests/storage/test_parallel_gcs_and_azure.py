@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -147,6 +148,7 @@ class FaultyTarget:
     times: int = 1_000_000
     hold_part_until_done: tuple[int, int] | None = None
     fail_complete: bool = False
+    fail_abort: bool = False
     attempts: dict[int, int] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     _done: dict[int, asyncio.Event] = field(default_factory=dict)
@@ -191,6 +193,8 @@ class FaultyTarget:
         await self.real.complete(upload_id, receipts, metadata)
 
     async def abort(self, upload_id: str) -> None:
+        if self.fail_abort:
+            raise ConnectionResetError("injected: the store cannot be reached to abort")
         await self.real.abort(upload_id)
 
     async def sweep_stale(self, keep: str, older_than: float) -> int:
@@ -223,6 +227,17 @@ def test_a_failed_completion_keeps_the_old_object_and_leaves_no_parts(store: Sto
         faulty_save(store, target(store, "obj", fail_complete=True), os.urandom(3 * PART))
     assert store.stored("obj") == b"old checkpoint"
     assert store.keys() == ["obj"]
+
+
+def test_an_upload_that_cannot_be_aborted_is_logged_with_its_uri(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    stuck = target(store, "obj", fail_part=2, fail_abort=True)
+    with caplog.at_level(logging.WARNING, logger="flyte_checkpoint"):  # noqa: SIM117 - raises() wraps one call only
+        with pytest.raises(CheckpointPermissionError):
+            faulty_save(store, stuck, os.urandom(3 * PART))
+    assert [record.levelno for record in caplog.records] == [logging.WARNING]
+    assert store.uri("obj") in caplog.text
 
 
 def test_a_transient_part_failure_is_retried_on_its_own(store: Store) -> None:
