@@ -11,7 +11,9 @@ nothing to list or delete per upload): the blob's next commit (Put Block List or
 is the next save) discards all of them, and Azure garbage-collects them after 7 days. So an
 aborted or killed save leaves nothing a reader can see, and :meth:`AzureBlob.sweep_stale` has
 nothing to do. A consequence: of two saves racing to one blob, the first to commit discards the
-other's staged blocks and the other fails (``InvalidBlockList``) instead of landing.
+other's staged blocks and the other's commit fails (``InvalidBlockList``). That is raised as
+:class:`BlocksDiscardedError`, transient, so the save is retried whole and the last save to
+finish wins, as on S3 and GCS.
 
 Block ids are 32 characters, as adlfs's are: Azure refuses a block whose id length differs from
 the blob's other uncommitted blocks, which a killed save of either kind may have left.
@@ -31,6 +33,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from flyte_checkpoint.errors import CheckpointUnavailableError
 from flyte_checkpoint.storage.base import ObjectInfo
 from flyte_checkpoint.storage.fsspec_store import our_metadata
 from flyte_checkpoint.storage.parallel import ObjectReplacedError, RangeBody
@@ -62,6 +65,10 @@ class _RangeStream:
         internal = getattr(self._response, "internal_response", None)
         if internal is not None:
             internal.close()  # aiohttp's response: the connection is dropped, not reused
+
+
+class BlocksDiscardedError(CheckpointUnavailableError):
+    """A concurrent save to the same blob committed first, discarding this save's staged blocks."""
 
 
 def _status(exc: BaseException) -> int | None:
@@ -114,11 +121,20 @@ class AzureBlob:
     async def complete(
         self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
     ) -> None:
+        from azure.core.exceptions import HttpResponseError
         from azure.storage.blob import BlobBlock
 
         blocks = [BlobBlock(block_id=block_id) for _, block_id in receipts]
-        # The one atomic step: the blob becomes these blocks, in this order, with this metadata.
-        await self._blob_client().commit_block_list(blocks, metadata=dict(metadata))
+        try:
+            # The one atomic step: the blob becomes these blocks, in this order, with this metadata.
+            await self._blob_client().commit_block_list(blocks, metadata=dict(metadata))
+        except HttpResponseError as exc:
+            if getattr(exc, "error_code", None) != "InvalidBlockList":
+                raise
+            raise BlocksDiscardedError(
+                f"another save to {self.uri} committed first and so discarded the blocks this save "
+                "had staged; saving again uploads them anew (the last save to finish wins)"
+            ) from exc
 
     async def abort(self, upload_id: str) -> None:
         """Nothing to do: uncommitted blocks are invisible and Azure discards them (see above)."""

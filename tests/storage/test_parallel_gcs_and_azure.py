@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 from fsspec.asyn import sync
 
-from flyte_checkpoint.errors import CheckpointPermissionError
+from flyte_checkpoint.errors import CheckpointPermissionError, CheckpointUnavailableError
 from flyte_checkpoint.storage import gcs_parallel
 from flyte_checkpoint.storage.azure import AzureBackend
+from flyte_checkpoint.storage.azure_parallel import BlocksDiscardedError
 from flyte_checkpoint.storage.base import FORMAT_KEY, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.gcs import GCSBackend
@@ -366,6 +367,17 @@ def test_azure_blocks_of_a_failed_save_stay_invisible_until_the_next_commit_disc
     save(azure, "obj", data)
     assert azure.stored("obj") == data
     assert uncommitted_blocks(azure, "obj") == 0
+
+
+def test_azure_a_save_whose_blocks_a_concurrent_commit_discarded_fails_as_retryable(azure: Store) -> None:
+    first = azure.backend.open_write(azure.uri("obj"), {})
+    first.write(os.urandom(2 * PART + 1))  # blocks staged, not committed
+    winner = os.urandom(2 * PART + 1)
+    save(azure, "obj", winner)  # its commit discards the first save's uncommitted blocks
+    with pytest.raises(BlocksDiscardedError, match="committed first"):
+        first.commit()
+    assert isinstance(BlocksDiscardedError("x"), CheckpointUnavailableError)  # the save is retried
+    assert azure.stored("obj") == winner
 
 
 # -- memory -------------------------------------------------------------------------------------
