@@ -1,11 +1,15 @@
-"""Azure Blob Storage through adlfs, with a blob client whose every call is time-bounded."""
+"""Azure Blob Storage through adlfs, with a blob client whose every call is time-bounded: blocks
+staged in parallel and committed as one ordered block list, parallel ranged loads pinned to one
+ETag (see :mod:`.azure_parallel`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreProfile
+from flyte_checkpoint.storage.azure_parallel import AzureBlob
+from flyte_checkpoint.storage.fsspec_store import StoreProfile
+from flyte_checkpoint.storage.parallel_store import ParallelStore, StoreObject
 from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS
 
 PROFILE = StoreProfile(
@@ -22,11 +26,14 @@ PROFILE = StoreProfile(
 )
 
 
-class AzureBackend(FsspecBackend):
-    """Azure: metadata travels with the block list; the client gets explicit bounds."""
+class AzureBackend(ParallelStore):
+    """Azure: blocks staged in parallel, metadata with the block list; the client gets explicit bounds."""
 
     protocol = "abfs"
     profile = PROFILE
+
+    def parallel_object(self, uri: str) -> StoreObject:
+        return AzureBlob(self.fs, uri)
 
     def _configure(self, options: Mapping[str, Any], own: Mapping[str, Any]) -> None:
         bound_azure_client(self.fs, options, own)

@@ -36,6 +36,7 @@ from flyte_checkpoint.storage.base import (
     ObjectWriter,
     VerifyingReader,
 )
+from flyte_checkpoint.storage.parallel import TransferSettings
 from flyte_checkpoint.storage.remote_errors import confirm_absent, translated_backend_errors
 from flyte_checkpoint.uris import scheme_of
 
@@ -172,6 +173,7 @@ class FsspecBackend(Backend):
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
         options = _merged_options(self.profile.defaults, storage_options)
         options.pop(FSYNC_OPTION, None)  # a local-disk option; uploads are durable once complete
+        self.transfer, options = TransferSettings.from_storage_options(options)
         own = {key: options.pop(key, default) for key, default in self.profile.own_options.items()}
         if own != dict(self.profile.own_options):
             # fsspec shares one instance per set of options, and these are set on the instance.

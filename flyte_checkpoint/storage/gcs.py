@@ -1,22 +1,32 @@
-"""Google Cloud Storage through gcsfs: resumable uploads, fsspec's read-ahead reads."""
+"""Google Cloud Storage through gcsfs: parallel part uploads composed into the object, parallel
+ranged loads pinned to one generation (see :mod:`.gcs_parallel`)."""
 
 from __future__ import annotations
 
-from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreProfile
+from flyte_checkpoint.storage.fsspec_store import StoreProfile
+from flyte_checkpoint.storage.gcs_parallel import GCSObject, is_temporary
+from flyte_checkpoint.storage.parallel_store import ParallelStore, StoreObject
 
 PROFILE = StoreProfile(
     implementation="gcsfs:GCSFileSystem",
     extra="gcs",
     block_size=16 << 20,
     metadata_argument="metadata",
-    metadata_at_commit=False,
+    # The compose that publishes the object sets its metadata, digest included.
+    metadata_at_commit=True,
     server_side_copy=True,
     defaults={"requests_timeout": 300},
 )
 
 
-class GCSBackend(FsspecBackend):
-    """GCS: everything as :class:`FsspecBackend` does it."""
+class GCSBackend(ParallelStore):
+    """GCS: saves and loads in parallel parts; a save's temporary part objects are never listed."""
 
     protocol = "gs"
     profile = PROFILE
+
+    def parallel_object(self, uri: str) -> StoreObject:
+        return GCSObject(self.fs, uri)
+
+    def list_prefix(self, uri: str) -> list[str]:
+        return [listed for listed in super().list_prefix(uri) if not is_temporary(listed)]

@@ -27,6 +27,7 @@ import concurrent.futures
 import contextlib
 import io
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from flyte_checkpoint.errors import CheckpointStorageError, CheckpointTimeoutError, CheckpointUnavailableError
+from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import ObjectInfo, ObjectWriter
 from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
@@ -215,6 +217,10 @@ class _Deadline:
         try:
             return future.result(timeout=self.remaining())
         except concurrent.futures.TimeoutError:
+            if future.done() and not future.cancelled():
+                # The operation's own TimeoutError (one class with this one since Python
+                # 3.11: aiohttp's request timeout), not the deadline: raise it as it is.
+                return future.result()
             future.cancel()
             raise self.expired() from None
 
@@ -262,8 +268,10 @@ class ParallelWriter(ObjectWriter):
         settings: TransferSettings,
         *,
         expected_size: int | None = None,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
     ) -> None:
-        super().__init__(target.uri)
+        super().__init__(target.uri, progress=progress, gate=gate)
         self.metadata.update(metadata)
         # What a multipart upload starts with: fixed now, as the commit adds to self.metadata
         # while the first part may still be starting the upload on the loop.
@@ -374,8 +382,11 @@ class ParallelWriter(ObjectWriter):
         for future in self._in_flight:
             future.cancel()
         # Bounded even when the deadline has passed: the upload must not be left behind.
-        with contextlib.suppress(Exception):
+        try:
             _submit(self._target.loop, self._abort_upload()).result(timeout=60)
+        except Exception as exc:
+            # The save's own error is the one to raise; say where the leftovers are.
+            logger.warning("could not abort the unfinished upload to %s: %r", self.uri, exc)
         self._release()
 
     def _release(self) -> None:

@@ -1,0 +1,213 @@
+"""Azure Blob Storage for :mod:`~flyte_checkpoint.storage.parallel`, on the client adlfs holds.
+
+Requests go to the ``azure.storage.blob.aio`` client that :func:`~.azure.bound_azure_client`
+gave adlfs (time-bounded, short retry budget), on adlfs's event loop.
+
+Uploads: Put Block (``stage_block``) for every part, up to ``max_concurrency`` in flight, then
+one Put Block List (``commit_block_list``) naming the blocks in order, with the metadata. The
+blob appears atomically at that commit; staged blocks are never visible. Azure has no request
+that discards a blob's uncommitted blocks (they are not objects of their own, so there is
+nothing to list or delete per upload): the blob's next commit (Put Block List or Put Blob, that
+is the next save) discards all of them, and Azure garbage-collects them after 7 days. So an
+aborted or killed save leaves nothing a reader can see, and :meth:`AzureBlob.sweep_stale` has
+nothing to do. A consequence: of two saves racing to one blob, the first to commit discards the
+other's staged blocks and the other's commit fails (``InvalidBlockList``). That is raised as
+:class:`BlocksDiscardedError`, transient, so the save is retried whole and the last save to
+finish wins, as on S3 and GCS.
+
+Block ids are 32 characters, as adlfs's are: Azure refuses a block whose id length differs from
+the blob's other uncommitted blocks, which a killed save of either kind may have left.
+
+Loads: ranged Get Blob requests pinned to the ETag of the first response (``If-Match``), so an
+overwrite during a load fails it (HTTP 412) instead of mixing two versions. They go through the
+SDK's generated operation, which streams the response (see :meth:`AzureBlob._get`): a private
+attribute of the blob client (``_client``), stable across the SDK's 12.x releases but checked by
+the tests on each upgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from flyte_checkpoint.errors import CheckpointUnavailableError
+from flyte_checkpoint.storage.base import ObjectInfo
+from flyte_checkpoint.storage.fsspec_store import our_metadata
+from flyte_checkpoint.storage.parallel import ObjectReplacedError, RangeBody
+
+MAX_BLOCKS = 50_000
+"""Azure's cap on committed blocks per blob."""
+
+
+class _RangeStream:
+    """One ranged Get Blob response being received, as a :class:`RangeBody`."""
+
+    def __init__(self, response: Any, chunks: Any) -> None:
+        self._response = response
+        self._chunks = chunks
+        self._left = memoryview(b"")
+
+    async def readinto(self, b: memoryview, /) -> int:
+        if not self._left:
+            try:
+                self._left = memoryview(await self._chunks.__anext__())
+            except StopAsyncIteration:
+                return 0
+        count = min(len(b), len(self._left))
+        b[:count] = self._left[:count]
+        self._left = self._left[count:]
+        return count
+
+    async def aclose(self) -> None:
+        internal = getattr(self._response, "internal_response", None)
+        if internal is not None:
+            internal.close()  # aiohttp's response: the connection is dropped, not reused
+
+
+class BlocksDiscardedError(CheckpointUnavailableError):
+    """A concurrent save to the same blob committed first, discarding this save's staged blocks."""
+
+
+def _status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+class AzureBlob:
+    """One blob, as :class:`~.parallel.ParallelWriter` uploads it and
+    :class:`~.parallel.ParallelReader` reads it."""
+
+    def __init__(self, fs: Any, uri: str) -> None:
+        self._fs = fs
+        self.uri = uri
+        self._container, self._blob, self._version_id = fs.split_path(uri)
+        self.max_parts = MAX_BLOCKS
+        self._client: Any = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return cast(asyncio.AbstractEventLoop, self._fs.loop)
+
+    def _blob_client(self) -> Any:
+        if self._client is None:
+            # Shares the service client's transport (connection pool) and its bounds.
+            self._client = self._fs.service_client.get_blob_client(self._container, self._blob)
+        return self._client
+
+    # uploads
+
+    async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
+        # One Put Blob publishes the blob atomically (and discards stale uncommitted blocks).
+        # The SDK takes bytes or a stream; the copy is of less than one part.
+        await self._blob_client().upload_blob(
+            bytes(body), length=len(body), overwrite=True, metadata=dict(metadata), max_concurrency=1
+        )
+
+    async def create(self, metadata: Mapping[str, str]) -> str:
+        # Nothing to start on the server: blocks are staged against the blob's name.
+        return uuid.uuid4().hex[:24]
+
+    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
+        from flyte_checkpoint.storage.s3_parallel import _PartBody
+
+        block_id = f"{upload_id}{number:08d}"
+        # A file-like body goes out in chunks, not as a copy of the part (see s3_parallel).
+        await self._blob_client().stage_block(block_id, _PartBody(body), length=len(body))
+        return block_id
+
+    async def complete(
+        self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
+    ) -> None:
+        from azure.core.exceptions import HttpResponseError
+        from azure.storage.blob import BlobBlock
+
+        blocks = [BlobBlock(block_id=block_id) for _, block_id in receipts]
+        try:
+            # The one atomic step: the blob becomes these blocks, in this order, with this metadata.
+            await self._blob_client().commit_block_list(blocks, metadata=dict(metadata))
+        except HttpResponseError as exc:
+            if getattr(exc, "error_code", None) != "InvalidBlockList":
+                raise
+            raise BlocksDiscardedError(
+                f"another save to {self.uri} committed first and so discarded the blocks this save "
+                "had staged; saving again uploads them anew (the last save to finish wins)"
+            ) from exc
+
+    async def abort(self, upload_id: str) -> None:
+        """Nothing to do: uncommitted blocks are invisible and Azure discards them (see above)."""
+
+    async def sweep_stale(self, keep: str, older_than: float) -> int:
+        """Nothing to sweep: Azure offers no way to discard uncommitted blocks but a commit."""
+        return 0
+
+    # downloads
+
+    async def _get(self, start: int, length: int | None, etag: str | None) -> tuple[Any, _RangeStream]:
+        """Send a Get Blob for ``length`` bytes from ``start`` (``None``: no range); return the
+        response headers and its body, not yet received.
+
+        The SDK's own ``download_blob`` receives a range whole into one ``bytes`` (joining the
+        chunks first) before it hands any of it out: two more copies of every range in flight,
+        which took loads past 200 MiB. Its generated operation streams: that is what runs here.
+        """
+        from azure.storage.blob._generated.models import ModifiedAccessConditions
+
+        def streamed(pipeline_response: Any, chunks: Any, headers: Any) -> tuple[Any, _RangeStream]:
+            response = pipeline_response.http_response
+            return response.headers, _RangeStream(response, chunks)
+
+        options: dict[str, Any] = {"cls": streamed}
+        if length is not None:
+            options["range"] = f"bytes={start}-{start + length - 1}"
+        if etag is not None:
+            options["modified_access_conditions"] = ModifiedAccessConditions(if_match=etag)
+        if self._version_id:
+            options["version_id"] = self._version_id
+        headers, body = await self._blob_client()._client.blob.download(**options)
+        return headers, body
+
+    async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:
+        from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+
+        try:
+            try:
+                headers, body = await self._get(0, length, None)
+            except HttpResponseError as exc:
+                if _status(exc) != 416:
+                    raise
+                # An empty blob has no byte 0 to ask for.
+                headers, body = await self._get(0, None, None)
+        except ResourceNotFoundError:
+            return None
+        total = str(headers.get("Content-Range") or "").rpartition("/")[2]
+        metadata = {
+            name[len("x-ms-meta-") :]: value
+            for name, value in headers.items()
+            if name.lower().startswith("x-ms-meta-")
+        }
+        modified = headers.get("Last-Modified")
+        info = ObjectInfo(
+            uri=self.uri,
+            size=int(total) if total.isdigit() else int(headers.get("Content-Length") or 0),
+            metadata=our_metadata(metadata),
+            version=headers.get("ETag"),
+            modified=email.utils.parsedate_to_datetime(modified) if modified else None,
+        )
+        return info, body
+
+    async def get_range(self, start: int, length: int, version: str | None) -> RangeBody:
+        from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+
+        try:
+            _, body = await self._get(start, length, version)
+        except (HttpResponseError, ResourceNotFoundError) as exc:
+            if isinstance(exc, ResourceNotFoundError) or _status(exc) == 412:
+                raise ObjectReplacedError(
+                    f"checkpoint {self.uri} was replaced while it was being read; load it again "
+                    "to read the new version"
+                ) from exc
+            raise
+        return body
