@@ -1,9 +1,12 @@
 """Object stores through fsspec (s3fs, gcsfs, adlfs): one streamed upload per object.
 
 What all three stores share lives here: :class:`StoreProfile` (what differs between them, as
-data), the option merging, :class:`FsspecWriter` and :class:`FsspecBackend`. Each store's own
-module (:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`) holds its profile and whatever it does
-differently, the way fsspec keeps one module per implementation.
+data), the option merging, the transfer settings (:class:`~.parallel.TransferSettings`, read
+from ``storage_options`` for every store before the client is built, so the client never sees
+them), the overall time bound of every operation (:mod:`.deadline`), :class:`FsspecWriter` and
+:class:`FsspecBackend`. Each store's own module (:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`) holds
+its profile and whatever it does differently (S3 moves its bytes with :mod:`.parallel`), the
+way fsspec keeps one module per implementation.
 
 Atomicity: an object store publishes an object only when its single PUT, its multipart upload
 (S3), its resumable upload (GCS) or its block list (Azure) completes, which happens in
@@ -20,7 +23,7 @@ import dataclasses
 import importlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
@@ -36,17 +39,14 @@ from flyte_checkpoint.storage.base import (
     ObjectWriter,
     VerifyingReader,
 )
+from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.parallel import TransferSettings
 from flyte_checkpoint.storage.remote_errors import translated_backend_errors
 from flyte_checkpoint.uris import scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
 
 _OUR_KEYS = (FORMAT_KEY, DIGEST_KEY, SIZE_KEY)
-_MiB = 1 << 20
-PART_GROWTH = 1024
-"""An upload of unknown length makes each part at least 1/1024 of what was written before it:
-8 MiB parts up to 8 GiB, and S3's 5 TiB object limit in about 7,600 parts of at most 5 GiB
-(S3 allows 10,000; fixed 16 MiB parts stopped at 156 GiB, fixed 8 MiB parts would at 78 GiB)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class StoreProfile:
     extra: str
     """The ``flyte-checkpoint[...]`` extra that installs the implementation."""
     block_size: int
-    """Upload part size: S3 needs >= 5 MiB parts, GCS multiples of 256 KiB."""
+    """Upload chunk and read-ahead size of the fsspec file objects: GCS needs multiples of 256 KiB."""
     metadata_argument: str
     """The ``open(..., "wb")`` keyword that attaches user metadata to the new object."""
     metadata_at_commit: bool
@@ -71,16 +71,6 @@ class StoreProfile:
     """Storage options applied unless the caller gives their own: time bounds on every call."""
     own_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Options this package consumes itself (not passed to fsspec), with their defaults."""
-    max_parts: int | None = None
-    """The store's cap on parts per upload; with one, parts grow past ``block_size`` (:func:`part_size`)."""
-
-
-def part_size(profile: StoreProfile, expected: int | None, sent: int) -> int:
-    """The part size for an upload of ``expected`` bytes (``None``: unknown, ``sent`` so far)."""
-    if profile.max_parts is None:
-        return profile.block_size
-    wanted = -(-expected // profile.max_parts) if expected is not None else sent // PART_GROWTH
-    return max(profile.block_size, -(-wanted // _MiB) * _MiB)
 
 
 def _copied(value: Any) -> Any:
@@ -88,7 +78,7 @@ def _copied(value: Any) -> Any:
     return {key: _copied(item) for key, item in value.items()} if isinstance(value, dict) else value
 
 
-def _merged_options(defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
+def merged_options(defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
     # Deep copies: botocore's Config rewrites the ``retries`` dict it is given in place, which
     # changed these defaults after the first client, so fsspec's instance cache (keyed on the
     # options) missed and every later backend built a second client with its own parsed S3
@@ -119,8 +109,8 @@ class FsspecWriter(ObjectWriter):
         handle: Any,
         profile: StoreProfile,
         metadata: Mapping[str, str],
+        deadline: Deadline,
         *,
-        growing_parts: bool = False,
         progress: ProgressReporter | None = None,
         gate: threading.Event | None = None,
     ) -> None:
@@ -129,30 +119,34 @@ class FsspecWriter(ObjectWriter):
         self._scheme = scheme_of(uri)
         self._handle = handle
         self._profile = profile
-        self._growing_parts = growing_parts
+        self._deadline = deadline
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._growing_parts:
-            # fsspec cuts a part whenever its buffer reaches ``blocksize``, read at each write.
-            self._handle.blocksize = part_size(self._profile, None, self._size)
-        with translated_backend_errors(self.uri, "saving", self._scheme):
+        self._deadline.allow_for(self._size + len(data))
+        with translated_backend_errors(self.uri, "saving", self._scheme), self._deadline.scope():
             self._handle.write(data)
 
     def _commit(self) -> None:
         if self._profile.metadata_at_commit:
             # Azure sends these with the block list, in the same request that publishes the blob.
             self._handle.metadata.update(self.metadata)
-        with translated_backend_errors(self.uri, "saving", self._scheme):
+        with translated_backend_errors(self.uri, "saving", self._scheme), self._deadline.scope():
             self._handle.close()
+        self._deadline.finish()
 
     def _abort(self) -> None:
+        self._deadline.finish()
+        # Its own short bound: the operation's may have passed (a store that stopped answering).
+        cleanup = self._deadline.for_cleanup()
         try:
-            self._handle.discard()
+            with cleanup.scope():
+                self._handle.discard()
         except Exception as exc:
             # The save has already failed and that error is the one to raise; an upload left
             # behind costs storage until the store's lifecycle rules reap it, so say where.
             logger.warning("could not abort the unfinished upload to %s: %r", self.uri, exc)
         finally:
+            cleanup.finish()
             # discard() leaves some backends' files open, and close() -- or garbage collection --
             # of an open file would complete the upload: mark it closed so nothing can.
             self._handle.closed = True
@@ -170,7 +164,9 @@ class FsspecBackend(Backend):
 
     def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
-        options = _merged_options(self.profile.defaults, storage_options)
+        # Ours, read before the client is built: its constructor never sees them.
+        self.transfer, given = TransferSettings.from_storage_options(storage_options or {})
+        options = merged_options(self._defaults(self.transfer), given)
         options.pop(FSYNC_OPTION, None)  # a local-disk option; uploads are durable once complete
         own = {key: options.pop(key, default) for key, default in self.profile.own_options.items()}
         if own != dict(self.profile.own_options):
@@ -186,11 +182,30 @@ class FsspecBackend(Backend):
             ) from exc
         self._configure(options, own)
 
+    def _defaults(self, transfer: TransferSettings) -> Mapping[str, Any]:
+        """The client options applied unless the caller gives their own."""
+        return self.profile.defaults
+
     def _configure(self, options: Mapping[str, Any], own: Mapping[str, Any]) -> None:
         """Apply :attr:`StoreProfile.own_options` to the new filesystem (nothing by default)."""
 
     def _errors(self, uri: str, action: str) -> contextlib.AbstractContextManager[None]:
         return translated_backend_errors(uri, action, scheme_of(uri))
+
+    def deadline(self, uri: str, action: str, size: int | None = None) -> Deadline:
+        """The overall time bound of one operation on ``uri`` moving ``size`` bytes (see :mod:`.deadline`)."""
+        return self.transfer.deadline(uri, action, getattr(self.fs, "loop", None), size)
+
+    @contextlib.contextmanager
+    def _bounded(self, uri: str, action: str, deadline: Deadline | None = None) -> Iterator[None]:
+        """Typed errors, and the operation's time bound (a new one unless ``deadline`` is given)."""
+        bound = deadline or self.deadline(uri, action)
+        try:
+            with self._errors(uri, action), bound.scope():
+                yield
+        finally:
+            if deadline is None:
+                bound.finish()
 
     def open_write(
         self,
@@ -205,45 +220,40 @@ class FsspecBackend(Backend):
         at_open = dict(metadata)
         if declared_digest is not None and declared_size is not None:
             at_open.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
-        with self._errors(uri, "saving"):
+        deadline = self.deadline(uri, "saving", declared_size)
+        with self._bounded(uri, "saving", deadline):
             handle = self.fs.open(
                 uri,
                 "wb",
-                block_size=part_size(self.profile, declared_size, 0),
+                block_size=self.profile.block_size,
                 **{self.profile.metadata_argument: at_open},
             )
-        # A known size fixes the part size up front; so does s3fs's ``fixed_upload_size`` (for
-        # stores such as R2 that want all parts but the last of one size).
-        growing = (
-            self.profile.max_parts is not None
-            and declared_size is None
-            and not getattr(self.fs, "fixed_upload_size", False)
-        )
-        writer = FsspecWriter(
-            uri, handle, self.profile, metadata, growing_parts=growing, progress=progress, gate=gate
-        )
+        writer = FsspecWriter(uri, handle, self.profile, metadata, deadline, progress=progress, gate=gate)
         writer.declare(declared_digest, declared_size)
         return writer
 
     def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
-        opened = self._open_stream(uri)
+        deadline = self.deadline(uri, "loading")
+        opened = self._open_stream(uri, deadline)
         if opened is None:
+            deadline.finish()
             return None
         stream, info = opened
+        deadline.allow_for(info.size)
         return VerifyingReader(
             stream,
             info,
             changed_since=self._change_detector(uri, info),
-            translate_errors=lambda: self._errors(uri, "loading"),
+            translate_errors=lambda: self._bounded(uri, "loading", deadline),
             progress=progress,
         )
 
-    def _open_stream(self, uri: str) -> tuple[IO[bytes], ObjectInfo] | None:
+    def _open_stream(self, uri: str, deadline: Deadline) -> tuple[IO[bytes], ObjectInfo] | None:
         """The object's bytes and description, or ``None`` when there is no object."""
         info = self.info(uri)
         if info is None:
             return None
-        with self._errors(uri, "loading"):
+        with self._bounded(uri, "loading", deadline):
             try:
                 stream = self.fs.open(uri, "rb", block_size=self.profile.block_size, cache_type="readahead")
             except FileNotFoundError:
@@ -263,7 +273,7 @@ class FsspecBackend(Backend):
         return changed
 
     def info(self, uri: str) -> ObjectInfo | None:
-        with self._errors(uri, "inspecting"):
+        with self._bounded(uri, "inspecting"):
             try:
                 details = self.fs.info(uri)
             except FileNotFoundError:
@@ -284,15 +294,15 @@ class FsspecBackend(Backend):
         if not self.profile.server_side_copy:
             super().copy(src, dst)
             return
-        with self._errors(dst, "copying"):
+        with self._bounded(dst, "copying"):
             self.fs.copy(src, dst)  # CopyObject / rewrite: atomic at dst, keeps the metadata
 
     def delete(self, uri: str) -> None:
-        with self._errors(uri, "deleting"), contextlib.suppress(FileNotFoundError):
+        with self._bounded(uri, "deleting"), contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(uri)
 
     def list_prefix(self, uri: str) -> list[str]:
-        with self._errors(uri, "listing"):
+        with self._bounded(uri, "listing"):
             try:
                 found = self.fs.find(uri.rstrip("/") + "/")
             except FileNotFoundError:
@@ -300,7 +310,7 @@ class FsspecBackend(Backend):
         return sorted(self.fs.unstrip_protocol(path) for path in found)
 
     def delete_prefix(self, uri: str) -> None:
-        with self._errors(uri, "deleting"):
+        with self._bounded(uri, "deleting"):
             found = self.fs.find(uri.rstrip("/") + "/")
             if found:
                 with contextlib.suppress(FileNotFoundError):
