@@ -32,6 +32,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import threading
 import time
 import weakref
 from collections.abc import Coroutine, Iterator, Sequence
@@ -213,6 +214,22 @@ class Deadline:
         task.add_done_callback(self._tasks.discard)
 
 
+def _sync_wakeup(coro: Any) -> threading.Event | None:
+    """The event a thread blocked in fsspec's ``sync`` waits for, if ``coro`` is its runner.
+
+    The runner sets it in a ``finally``, which a task cancelled before its first step never
+    enters: the thread would wait forever. The deadline sets it when such a task ends instead.
+    """
+    try:
+        from fsspec.asyn import _runner
+    except ImportError:  # pragma: no cover - fsspec comes with every object store
+        return None
+    if getattr(coro, "cr_code", None) is not _runner.__code__ or coro.cr_frame is None:
+        return None
+    event = coro.cr_frame.f_locals.get("event")
+    return event if isinstance(event, threading.Event) else None
+
+
 def _install_factory(loop: asyncio.AbstractEventLoop) -> None:
     """File every task the loop creates under the deadline of the context it is created in."""
     if loop in _loops_with_factory:
@@ -228,6 +245,9 @@ def _install_factory(loop: asyncio.AbstractEventLoop) -> None:
         context = kwargs.get("context")
         deadline = context.get(_current) if context is not None else _current.get()
         if deadline is not None and isinstance(task, asyncio.Task):
+            event = _sync_wakeup(coro)
+            if event is not None:
+                task.add_done_callback(lambda _: event.set())
             deadline._adopt(task)
         return task
 
