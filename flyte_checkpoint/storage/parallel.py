@@ -39,7 +39,7 @@ from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import ObjectInfo, ObjectWriter
 from flyte_checkpoint.storage.deadline import Deadline
 from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
-from flyte_checkpoint.storage.retry import RetryPolicy
+from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
 from flyte_checkpoint.uris import scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -68,8 +68,12 @@ class TransferSettings(BaseModel):
     part_size: int = Field(default=8 * _MiB, ge=_MiB)
     """Bytes per upload part and per download range (storage option ``part_size``). Uploads of
     more than ``part_size`` times the store's part limit use larger parts, and fewer of them in flight."""
-    part_attempts: int = Field(default=4, ge=1)
-    """Tries per part or range request (each also retried by the client library itself)."""
+    part_attempts: int = Field(default=REQUEST_ATTEMPTS, ge=1)
+    """Tries of one part or range, the first included, for failures the store's client did not
+    retry itself: a response body cut off mid-way (resumed where it stopped) or an error raised
+    outside the client. A request the client already retried (:func:`mark_retried_by_client`)
+    is not tried again here, so the tries of one failing request stay ``REQUEST_ATTEMPTS`` per
+    transfer attempt (see :mod:`.retry`)."""
     transfer_timeout: float | None = Field(default=None, gt=0)
     """Seconds a whole save or load may take before it is abandoned (and an upload aborted)
     with :class:`~flyte_checkpoint.errors.CheckpointTimeoutError` (storage option
@@ -196,15 +200,32 @@ class RangeSource(Protocol):
 # one through :meth:`Deadline.result` / :meth:`Deadline.wait_any`: nothing waits unbounded.
 
 
+_RETRIED_BY_CLIENT = "_flyte_checkpoint_retried_by_client"
+
+
+def mark_retried_by_client(exc: BaseException) -> None:
+    """Say that the store's client already spent its own retries on the request that raised ``exc``.
+
+    Store adapters call this for errors of requests their client retries (botocore's
+    ``max_attempts``, Azure's ``retry_total``): the part layer then does not repeat them, so the
+    retries of one request do not multiply (see :mod:`.retry`).
+    """
+    setattr(exc, _RETRIED_BY_CLIENT, True)
+
+
 async def _with_retries(policy: RetryPolicy, describe: str, attempt: Callable[[], Awaitable[T]]) -> T:
-    """``attempt()``, retried on transient failures within ``policy``'s budget."""
+    """``attempt()``, retried on transient failures within ``policy``'s budget.
+
+    Failures the client already retried (:func:`mark_retried_by_client`) are raised at once.
+    """
     for tries in range(1, policy.attempts + 1):
         try:
             return await attempt()
         except ObjectReplacedError:
             raise  # another try reads the same replacement: only a new load helps
         except Exception as exc:
-            if classify(exc) != "transient" or tries == policy.attempts:
+            retried = getattr(exc, _RETRIED_BY_CLIENT, False)
+            if retried or classify(exc) != "transient" or tries == policy.attempts:
                 if hasattr(exc, "add_note"):  # Python 3.11+
                     exc.add_note(f"{describe}: gave up after {tries} attempt(s)")
                 raise

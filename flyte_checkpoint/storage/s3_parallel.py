@@ -34,6 +34,7 @@ from flyte_checkpoint.storage.parallel import (
     ParallelWriter,
     RangeBody,
     TransferSettings,
+    mark_retried_by_client,
 )
 
 MIN_PART_SIZE = 5 << 20
@@ -140,7 +141,14 @@ class S3Object:
         client = await fs.get_s3(self._bucket)
         _no_expect_continue(client)
         method = getattr(client, operation)
-        return await method(**fs._get_s3_method_kwargs(method, Bucket=self._bucket, Key=self._key, **params))
+        try:
+            return await method(
+                **fs._get_s3_method_kwargs(method, Bucket=self._bucket, Key=self._key, **params)
+            )
+        except Exception as exc:
+            # botocore tried it REQUEST_ATTEMPTS times already (its max_attempts).
+            mark_retried_by_client(exc)
+            raise
 
     # uploads
 
