@@ -292,12 +292,14 @@ def open_s3_writer(
 
 
 def pool_options(settings: TransferSettings) -> dict[str, Any]:
-    """s3fs options that give its client a connection for every request in flight.
+    """s3fs options that give its client one connection per request in flight, and no more.
 
-    botocore's pool holds 10 connections by default; more concurrent parts would queue for one.
-    Merge these into the options the ``S3FileSystem`` is built with.
+    botocore's pool holds 10 connections by default: more concurrent parts would queue for one,
+    and fewer parts would let the upload's other requests (starting it, the stale-upload sweep)
+    open connections beyond ``max_concurrency``. Merge these into the options the
+    ``S3FileSystem`` is built with (the caller's own ``max_pool_connections`` wins).
     """
-    return {"config_kwargs": {"max_pool_connections": max(10, settings.max_concurrency + 2)}}
+    return {"config_kwargs": {"max_pool_connections": settings.max_concurrency}}
 
 
 def open_s3_reader(
