@@ -137,11 +137,12 @@ class Target:
     direct: compare.Storage  # the same bucket without the proxy (for the ceiling)
 
 
-def _s3_storage(server: s3server.S3Server, endpoint: str) -> compare.Storage:
+def _s3_storage(server: s3server.S3Server, endpoint: str, extra: dict[str, Any]) -> compare.Storage:
     options = {
         "key": server.key,
         "secret": server.secret,
         "client_kwargs": {"endpoint_url": endpoint, "region_name": s3server.REGION},
+        **extra,
     }
     env = {
         "FLYTE_AWS_ENDPOINT": endpoint,
@@ -153,6 +154,18 @@ def _s3_storage(server: s3server.S3Server, endpoint: str) -> compare.Storage:
     return compare.Storage("s3", f"s3://{server.bucket}", storage_options=options, env=env)
 
 
+def _our_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--option KEY=VALUE`` (a JSON value, else a string): extra storage options for ours."""
+    options: dict[str, Any] = {}
+    for given in args.option:
+        key, _, value = given.partition("=")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
 @contextlib.contextmanager
 def s3_target(args: argparse.Namespace, run_dir: Path) -> Iterator[tuple[Target, netshape.ShapedProxy]]:
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
@@ -161,9 +174,9 @@ def s3_target(args: argparse.Namespace, run_dir: Path) -> Iterator[tuple[Target,
         s3server.running(args.server, bucket, args.install_server, logs) as server,
         netshape.ShapedProxy(server.port, args.rate_mib, args.rtt_ms) as proxy,
     ):
-        storage = _s3_storage(server, proxy.endpoint)
+        storage = _s3_storage(server, proxy.endpoint, _our_options(args))
         storage.env["NETSHAPE_MARK_PORT"] = str(proxy.mark_port)
-        yield Target(storage, server.name, _s3_storage(server, server.endpoint)), proxy
+        yield Target(storage, server.name, _s3_storage(server, server.endpoint, {})), proxy
 
 
 def _replace_endpoint(value: Any, old: str, new: str) -> Any:
@@ -184,6 +197,7 @@ def emulator_target(args: argparse.Namespace, run_dir: Path) -> Iterator[tuple[T
         bucket = servers.create_bucket(server, "bench")
         with netshape.ShapedProxy(server.port, args.rate_mib, args.rtt_ms) as proxy:
             options = _replace_endpoint(server.storage_options, server.endpoint, proxy.endpoint)
+            options.update(_our_options(args))
             env = _replace_endpoint(server.env, server.endpoint, proxy.endpoint)
             env["NETSHAPE_MARK_PORT"] = str(proxy.mark_port)
             base = server.url(bucket)
@@ -479,6 +493,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rtt-ms", type=float, default=20.0, help="added round-trip time (default 20)")
     parser.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated: ours,reference,boto3")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a storage option for ours (repeatable; JSON value), e.g. max_concurrency=16",
+    )
     parser.add_argument("--backend", choices=("s3", "gcs", "azure"), default="s3")
     parser.add_argument(
         "--server", choices=("s3rver", "moto"), default="s3rver", help="S3 server (default s3rver)"

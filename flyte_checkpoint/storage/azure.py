@@ -8,15 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from flyte_checkpoint.storage.azure_parallel import AzureBlob
-from flyte_checkpoint.storage.fsspec_store import StoreProfile
-from flyte_checkpoint.storage.parallel_store import ParallelStore, StoreObject
+from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreObject, StoreProfile
 from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS
 
 PROFILE = StoreProfile(
     implementation="adlfs:AzureBlobFileSystem",
     extra="azure",
-    block_size=16 << 20,
-    metadata_argument="metadata",
     metadata_at_commit=True,
     server_side_copy=False,
     defaults={"connection_timeout": 10, "read_timeout": 120},
@@ -26,7 +23,7 @@ PROFILE = StoreProfile(
 )
 
 
-class AzureBackend(ParallelStore):
+class AzureBackend(FsspecBackend):
     """Azure: blocks staged in parallel, metadata with the block list; the client gets explicit bounds."""
 
     protocol = "abfs"

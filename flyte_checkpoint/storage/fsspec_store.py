@@ -1,28 +1,31 @@
-"""Object stores through fsspec (s3fs, gcsfs, adlfs): one streamed upload per object.
+"""Object stores through fsspec (s3fs, gcsfs, adlfs): saves and loads in parallel parts.
 
 What all three stores share lives here: :class:`StoreProfile` (what differs between them, as
-data), the option merging, :class:`FsspecWriter` and :class:`FsspecBackend`. Each store's own
-module (:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`) holds its profile and whatever it does
-differently, the way fsspec keeps one module per implementation.
+data), the option merging, the transfer settings (:class:`~.parallel.TransferSettings`, read
+from ``storage_options`` for every store before the client is built, so the client never sees
+them), the overall time bound of every operation (:mod:`.deadline`) and :class:`FsspecBackend`.
+A save is a :class:`~.parallel.ParallelWriter`, a load a :class:`~.parallel.ParallelReader`,
+over the store's adapter (:meth:`FsspecBackend.parallel_object`); each store's own module
+(:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`) holds its profile, names its adapter and does what else
+it does differently, the way fsspec keeps one module per implementation.
 
-Atomicity: an object store publishes an object only when its single PUT, its multipart upload
-(S3), its resumable upload (GCS) or its block list (Azure) completes, which happens in
-``close()``. fsspec's ``__exit__`` and even garbage collection call ``close()``, completing the
-upload with whatever was written so far when a save fails half-way — so this module never uses
-``with`` for writes: a failure calls ``discard()`` (which aborts the multipart / resumable upload)
-and marks the file closed so nothing later can complete it. The previous object stays intact.
+Atomicity: an object store publishes an object only when the request that completes an upload
+succeeds (S3's CompleteMultipartUpload, GCS's last compose, Azure's Put Block List, or the one PUT
+of an object smaller than a part), which happens in :meth:`ObjectWriter.commit`; a failure
+aborts the upload instead, and the previous object stays intact.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import importlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, Protocol, cast
 
 from flyte_checkpoint.errors import BackendNotInstalledError
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
@@ -36,18 +39,20 @@ from flyte_checkpoint.storage.base import (
     ObjectWriter,
     VerifyingReader,
 )
-from flyte_checkpoint.storage.parallel import TransferSettings
+from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.parallel import (
+    ParallelReader,
+    ParallelWriter,
+    RangeSource,
+    TransferSettings,
+    UploadTarget,
+)
 from flyte_checkpoint.storage.remote_errors import confirm_absent, translated_backend_errors
 from flyte_checkpoint.uris import scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
 
 _OUR_KEYS = (FORMAT_KEY, DIGEST_KEY, SIZE_KEY)
-_MiB = 1 << 20
-PART_GROWTH = 1024
-"""An upload of unknown length makes each part at least 1/1024 of what was written before it:
-8 MiB parts up to 8 GiB, and S3's 5 TiB object limit in about 7,600 parts of at most 5 GiB
-(S3 allows 10,000; fixed 16 MiB parts stopped at 156 GiB, fixed 8 MiB parts would at 78 GiB)."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,6 @@ class StoreProfile:
     entries process-wide."""
     extra: str
     """The ``flyte-checkpoint[...]`` extra that installs the implementation."""
-    block_size: int
-    """Upload part size: S3 needs >= 5 MiB parts, GCS multiples of 256 KiB."""
-    metadata_argument: str
-    """The ``open(..., "wb")`` keyword that attaches user metadata to the new object."""
     metadata_at_commit: bool
     """Whether metadata can still be set when the upload completes (Azure's block list can)."""
     server_side_copy: bool
@@ -72,16 +73,6 @@ class StoreProfile:
     """Storage options applied unless the caller gives their own: time bounds on every call."""
     own_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Options this package consumes itself (not passed to fsspec), with their defaults."""
-    max_parts: int | None = None
-    """The store's cap on parts per upload; with one, parts grow past ``block_size`` (:func:`part_size`)."""
-
-
-def part_size(profile: StoreProfile, expected: int | None, sent: int) -> int:
-    """The part size for an upload of ``expected`` bytes (``None``: unknown, ``sent`` so far)."""
-    if profile.max_parts is None:
-        return profile.block_size
-    wanted = -(-expected // profile.max_parts) if expected is not None else sent // PART_GROWTH
-    return max(profile.block_size, -(-wanted // _MiB) * _MiB)
 
 
 def _copied(value: Any) -> Any:
@@ -89,7 +80,7 @@ def _copied(value: Any) -> Any:
     return {key: _copied(item) for key, item in value.items()} if isinstance(value, dict) else value
 
 
-def _merged_options(defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
+def merged_options(defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
     # Deep copies: botocore's Config rewrites the ``retries`` dict it is given in place, which
     # changed these defaults after the first client, so fsspec's instance cache (keyed on the
     # options) missed and every later backend built a second client with its own parsed S3
@@ -111,59 +102,16 @@ def our_metadata(raw: Mapping[str, Any]) -> dict[str, str]:
     return {key: value for key, value in normalised.items() if key in _OUR_KEYS}
 
 
-class FsspecWriter(ObjectWriter):
-    """A streamed upload that becomes an object only when :meth:`commit` completes it."""
-
-    def __init__(
-        self,
-        uri: str,
-        handle: Any,
-        profile: StoreProfile,
-        metadata: Mapping[str, str],
-        *,
-        growing_parts: bool = False,
-        progress: ProgressReporter | None = None,
-        gate: threading.Event | None = None,
-    ) -> None:
-        super().__init__(uri, progress=progress, gate=gate)
-        self.metadata.update(metadata)
-        self._scheme = scheme_of(uri)
-        self._handle = handle
-        self._profile = profile
-        self._growing_parts = growing_parts
-
-    def _write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._growing_parts:
-            # fsspec cuts a part whenever its buffer reaches ``blocksize``, read at each write.
-            self._handle.blocksize = part_size(self._profile, None, self._size)
-        with translated_backend_errors(self.uri, "saving", self._scheme):
-            self._handle.write(data)
-
-    def _commit(self) -> None:
-        if self._profile.metadata_at_commit:
-            # Azure sends these with the block list, in the same request that publishes the blob.
-            self._handle.metadata.update(self.metadata)
-        with translated_backend_errors(self.uri, "saving", self._scheme):
-            self._handle.close()
-
-    def _abort(self) -> None:
-        try:
-            self._handle.discard()
-        except Exception as exc:
-            # The save has already failed and that error is the one to raise; an upload left
-            # behind costs storage until the store's lifecycle rules reap it, so say where.
-            logger.warning("could not abort the unfinished upload to %s: %r", self.uri, exc)
-        finally:
-            # discard() leaves some backends' files open, and close() -- or garbage collection --
-            # of an open file would complete the upload: mark it closed so nothing can.
-            self._handle.closed = True
+class StoreObject(UploadTarget, RangeSource, Protocol):
+    """One object of a store, as both a parallel upload target and a ranged source."""
 
 
 class FsspecBackend(Backend):
     """An object store reached through its fsspec implementation, with explicit options.
 
-    Subclasses (one per store) set :attr:`profile` and override what their store does
-    differently: :meth:`_configure`, :meth:`_open_stream`, :meth:`info`.
+    Subclasses (one per store) set :attr:`profile`, name their adapter
+    (:meth:`parallel_object`) and override what their store does differently
+    (:meth:`_configure`, :meth:`info`, listings).
     """
 
     protocol: ClassVar[str]
@@ -171,9 +119,10 @@ class FsspecBackend(Backend):
 
     def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
-        options = _merged_options(self.profile.defaults, storage_options)
+        # Ours, read before the client is built: its constructor never sees them.
+        self.transfer, given = TransferSettings.from_storage_options(storage_options or {})
+        options = merged_options(self._defaults(self.transfer), given)
         options.pop(FSYNC_OPTION, None)  # a local-disk option; uploads are durable once complete
-        self.transfer, options = TransferSettings.from_storage_options(options)
         own = {key: options.pop(key, default) for key, default in self.profile.own_options.items()}
         if own != dict(self.profile.own_options):
             # fsspec shares one instance per set of options, and these are set on the instance.
@@ -188,11 +137,34 @@ class FsspecBackend(Backend):
             ) from exc
         self._configure(options, own)
 
+    def _defaults(self, transfer: TransferSettings) -> Mapping[str, Any]:
+        """The client options applied unless the caller gives their own."""
+        return self.profile.defaults
+
     def _configure(self, options: Mapping[str, Any], own: Mapping[str, Any]) -> None:
         """Apply :attr:`StoreProfile.own_options` to the new filesystem (nothing by default)."""
 
     def _errors(self, uri: str, action: str) -> contextlib.AbstractContextManager[None]:
         return translated_backend_errors(uri, action, scheme_of(uri))
+
+    def deadline(self, uri: str, action: str, size: int | None = None) -> Deadline:
+        """The overall time bound of one operation on ``uri`` moving ``size`` bytes (see :mod:`.deadline`)."""
+        return self.transfer.deadline(uri, action, getattr(self.fs, "loop", None), size)
+
+    @contextlib.contextmanager
+    def _bounded(self, uri: str, action: str, deadline: Deadline | None = None) -> Iterator[None]:
+        """Typed errors, and the operation's time bound (a new one unless ``deadline`` is given)."""
+        bound = deadline or self.deadline(uri, action)
+        try:
+            with self._errors(uri, action), bound.scope():
+                yield
+        finally:
+            if deadline is None:
+                bound.finish()
+
+    @abc.abstractmethod
+    def parallel_object(self, uri: str) -> StoreObject:
+        """The store's adapter for the object at ``uri``."""
 
     def open_write(
         self,
@@ -204,54 +176,48 @@ class FsspecBackend(Backend):
         progress: ProgressReporter | None = None,
         gate: threading.Event | None = None,
     ) -> ObjectWriter:
-        at_open = dict(metadata)
-        if declared_digest is not None and declared_size is not None:
-            at_open.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
-        with self._errors(uri, "saving"):
-            handle = self.fs.open(
-                uri,
-                "wb",
-                block_size=part_size(self.profile, declared_size, 0),
-                **{self.profile.metadata_argument: at_open},
-            )
-        # A known size fixes the part size up front; so does s3fs's ``fixed_upload_size`` (for
-        # stores such as R2 that want all parts but the last of one size).
-        growing = (
-            self.profile.max_parts is not None
-            and declared_size is None
-            and not getattr(self.fs, "fixed_upload_size", False)
+        # Atomic: nothing is visible until the store completes the upload in commit() (see the
+        # module docstring); a failure aborts it.
+        return ParallelWriter.opened(
+            self.parallel_object(uri),
+            metadata,
+            self.transfer,
+            metadata_at_start=not self.profile.metadata_at_commit,
+            declared_digest=declared_digest,
+            declared_size=declared_size,
+            progress=progress,
+            gate=gate,
+            deadline=self.deadline(uri, "saving", declared_size),
         )
-        writer = FsspecWriter(
-            uri, handle, self.profile, metadata, growing_parts=growing, progress=progress, gate=gate
-        )
-        writer.declare(declared_digest, declared_size)
-        return writer
 
     def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
-        opened = self._open_stream(uri)
+        deadline = self.deadline(uri, "loading")
+        opened = self._open_stream(uri, deadline)
         if opened is None:
-            confirm_absent(self.fs, uri, "loading", scheme_of(uri))  # a missing bucket is not "no object"
+            deadline.finish()
+            with self._bounded(uri, "loading"):
+                confirm_absent(self.fs, uri, "loading", scheme_of(uri))  # a missing bucket is not "no object"
             return None
         stream, info = opened
+        deadline.allow_for(info.size)
         return VerifyingReader(
             stream,
             info,
             changed_since=self._change_detector(uri, info),
-            translate_errors=lambda: self._errors(uri, "loading"),
+            translate_errors=lambda: self._bounded(uri, "loading", deadline),
             progress=progress,
         )
 
-    def _open_stream(self, uri: str) -> tuple[IO[bytes], ObjectInfo] | None:
-        """The object's bytes and description, or ``None`` when there is no object."""
-        info = self.info(uri)
-        if info is None:
-            return None
+    def _open_stream(self, uri: str, deadline: Deadline) -> tuple[IO[bytes], ObjectInfo] | None:
+        """The object's bytes (ordered parallel ranged reads) and description, or ``None``."""
         with self._errors(uri, "loading"):
             try:
-                stream = self.fs.open(uri, "rb", block_size=self.profile.block_size, cache_type="readahead")
+                reader = ParallelReader.open(self.parallel_object(uri), self.transfer, deadline=deadline)
             except FileNotFoundError:
                 return None
-        return stream, info
+        if reader is None:
+            return None
+        return cast(IO[bytes], reader), reader.info
 
     def _change_detector(self, uri: str, opened: ObjectInfo) -> Callable[[], bool]:
         def changed() -> bool:
@@ -266,7 +232,7 @@ class FsspecBackend(Backend):
         return changed
 
     def info(self, uri: str) -> ObjectInfo | None:
-        with self._errors(uri, "inspecting"):
+        with self._bounded(uri, "inspecting"):
             try:
                 details = self.fs.info(uri)
             except FileNotFoundError:
@@ -287,15 +253,15 @@ class FsspecBackend(Backend):
         if not self.profile.server_side_copy:
             super().copy(src, dst)
             return
-        with self._errors(dst, "copying"):
+        with self._bounded(dst, "copying"):
             self.fs.copy(src, dst)  # CopyObject / rewrite: atomic at dst, keeps the metadata
 
     def delete(self, uri: str) -> None:
-        with self._errors(uri, "deleting"), contextlib.suppress(FileNotFoundError):
+        with self._bounded(uri, "deleting"), contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(uri)
 
     def list_prefix(self, uri: str) -> list[str]:
-        with self._errors(uri, "listing"):
+        with self._bounded(uri, "listing"):
             try:
                 found = self.fs.find(uri.rstrip("/") + "/")
             except FileNotFoundError:
@@ -303,7 +269,7 @@ class FsspecBackend(Backend):
         return sorted(self.fs.unstrip_protocol(path) for path in found)
 
     def delete_prefix(self, uri: str) -> None:
-        with self._errors(uri, "deleting"):
+        with self._bounded(uri, "deleting"):
             found = self.fs.find(uri.rstrip("/") + "/")
             if found:
                 with contextlib.suppress(FileNotFoundError):

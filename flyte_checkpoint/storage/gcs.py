@@ -3,15 +3,12 @@ ranged loads pinned to one generation (see :mod:`.gcs_parallel`)."""
 
 from __future__ import annotations
 
-from flyte_checkpoint.storage.fsspec_store import StoreProfile
+from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreObject, StoreProfile
 from flyte_checkpoint.storage.gcs_parallel import GCSObject, is_temporary
-from flyte_checkpoint.storage.parallel_store import ParallelStore, StoreObject
 
 PROFILE = StoreProfile(
     implementation="gcsfs:GCSFileSystem",
     extra="gcs",
-    block_size=16 << 20,
-    metadata_argument="metadata",
     # The compose that publishes the object sets its metadata, digest included.
     metadata_at_commit=True,
     server_side_copy=True,
@@ -19,7 +16,7 @@ PROFILE = StoreProfile(
 )
 
 
-class GCSBackend(ParallelStore):
+class GCSBackend(FsspecBackend):
     """GCS: saves and loads in parallel parts; a save's temporary part objects are never listed."""
 
     protocol = "gs"

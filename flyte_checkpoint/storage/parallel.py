@@ -28,18 +28,18 @@ import contextlib
 import io
 import logging
 import threading
-import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flyte_checkpoint.errors import CheckpointStorageError, CheckpointTimeoutError, CheckpointUnavailableError
+from flyte_checkpoint.errors import CheckpointStorageError, CheckpointUnavailableError
 from flyte_checkpoint.progress import ProgressReporter
-from flyte_checkpoint.storage.base import ObjectInfo, ObjectWriter
+from flyte_checkpoint.storage.base import DIGEST_KEY, SIZE_KEY, ObjectInfo, ObjectWriter
+from flyte_checkpoint.storage.deadline import Deadline
 from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
-from flyte_checkpoint.storage.retry import RetryPolicy
+from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
 from flyte_checkpoint.uris import scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -48,6 +48,8 @@ T = TypeVar("T")
 _Future = concurrent.futures.Future
 
 _MiB = 1 << 20
+_GATE_POLL = 0.02
+"""Seconds between looks at a background save's pause gate from the store's loop."""
 _PART_GROWTH = 1024
 """An upload of unknown length makes each part at least 1/1024 of what was written before it, so
 an object of any size the store accepts fits in its part limit (S3: 5 TiB in 10,000 parts)."""
@@ -66,12 +68,17 @@ class TransferSettings(BaseModel):
     part_size: int = Field(default=8 * _MiB, ge=_MiB)
     """Bytes per upload part and per download range (storage option ``part_size``). Uploads of
     more than ``part_size`` times the store's part limit use larger parts, and fewer of them in flight."""
-    part_attempts: int = Field(default=4, ge=1)
-    """Tries per part or range request (each also retried by the client library itself)."""
+    part_attempts: int = Field(default=REQUEST_ATTEMPTS, ge=1)
+    """Tries of one part or range, the first included, for failures the store's client did not
+    retry itself: a response body cut off mid-way (resumed where it stopped) or an error raised
+    outside the client. A request the client already retried (:func:`mark_retried_by_client`)
+    is not tried again here, so the tries of one failing request stay ``REQUEST_ATTEMPTS`` per
+    transfer attempt (see :mod:`.retry`)."""
     transfer_timeout: float | None = Field(default=None, gt=0)
-    """Seconds a whole save or load may take before it is abandoned (and an upload aborted);
-    ``None``: bounded only by the per-request timeouts and retries (storage option
-    ``transfer_timeout``)."""
+    """Seconds a whole save or load may take before it is abandoned (and an upload aborted)
+    with :class:`~flyte_checkpoint.errors.CheckpointTimeoutError` (storage option
+    ``transfer_timeout``); ``None``: the default bound of :mod:`.deadline` (120 s plus 1 s per
+    MiB moved)."""
     stale_upload_age: float = Field(default=3600.0, ge=0)
     """Incomplete uploads to the same destination older than this many seconds are aborted by
     the next large save: they were left by a killed save (storage option ``stale_upload_age``)."""
@@ -95,7 +102,14 @@ class TransferSettings(BaseModel):
         return cls.model_validate(given), rest
 
     def policy(self) -> RetryPolicy:
+        """The retries of one part or range request (see :mod:`.retry` for the whole budget)."""
         return RetryPolicy(attempts=self.part_attempts)
+
+    def deadline(
+        self, uri: str, action: str, loop: asyncio.AbstractEventLoop | None, size: int | None = None
+    ) -> Deadline:
+        """The overall time bound of one save or load of ``size`` bytes (``None``: unknown yet)."""
+        return Deadline(uri, action, loop=loop, seconds=self.transfer_timeout, size=size)
 
 
 def transfer_memory(settings: TransferSettings) -> int:
@@ -182,62 +196,36 @@ class RangeSource(Protocol):
 
 
 # -- running coroutines on the store's loop ---------------------------------------------------
+# Every coroutine goes to the store's loop through :meth:`Deadline.submit`, and every wait for
+# one through :meth:`Deadline.result` / :meth:`Deadline.wait_any`: nothing waits unbounded.
 
 
-class _Deadline:
-    """The moment a transfer must be finished by (or never), and blocking waits bounded by it."""
-
-    def __init__(self, uri: str, action: str, seconds: float | None) -> None:
-        self._uri = uri
-        self._action = action
-        self._seconds = seconds
-        self._at = None if seconds is None else time.monotonic() + seconds
-
-    def remaining(self) -> float | None:
-        return None if self._at is None else max(0.0, self._at - time.monotonic())
-
-    def expired(self) -> CheckpointTimeoutError:
-        return CheckpointTimeoutError(
-            f"{self._action} {self._uri} did not finish within its transfer_timeout of "
-            f"{self._seconds} s; raise the storage option transfer_timeout or check the network"
-        )
-
-    def wait_any(
-        self, futures: Sequence[concurrent.futures.Future[Any]]
-    ) -> set[concurrent.futures.Future[Any]]:
-        """Block until one of ``futures`` is done (interruptible by Ctrl-C); return the done ones."""
-        done, _ = concurrent.futures.wait(
-            futures, timeout=self.remaining(), return_when=concurrent.futures.FIRST_COMPLETED
-        )
-        if not done:
-            raise self.expired()
-        return done
-
-    def result(self, future: concurrent.futures.Future[T]) -> T:
-        try:
-            return future.result(timeout=self.remaining())
-        except concurrent.futures.TimeoutError:
-            if future.done() and not future.cancelled():
-                # The operation's own TimeoutError (one class with this one since Python
-                # 3.11: aiohttp's request timeout), not the deadline: raise it as it is.
-                return future.result()
-            future.cancel()
-            raise self.expired() from None
+_RETRIED_BY_CLIENT = "_flyte_checkpoint_retried_by_client"
 
 
-def _submit(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-    return asyncio.run_coroutine_threadsafe(coro, loop)
+def mark_retried_by_client(exc: BaseException) -> None:
+    """Say that the store's client already spent its own retries on the request that raised ``exc``.
+
+    Store adapters call this for errors of requests their client retries (botocore's
+    ``max_attempts``, Azure's ``retry_total``): the part layer then does not repeat them, so the
+    retries of one request do not multiply (see :mod:`.retry`).
+    """
+    setattr(exc, _RETRIED_BY_CLIENT, True)
 
 
 async def _with_retries(policy: RetryPolicy, describe: str, attempt: Callable[[], Awaitable[T]]) -> T:
-    """``attempt()``, retried on transient failures within ``policy``'s budget."""
+    """``attempt()``, retried on transient failures within ``policy``'s budget.
+
+    Failures the client already retried (:func:`mark_retried_by_client`) are raised at once.
+    """
     for tries in range(1, policy.attempts + 1):
         try:
             return await attempt()
         except ObjectReplacedError:
             raise  # another try reads the same replacement: only a new load helps
         except Exception as exc:
-            if classify(exc) != "transient" or tries == policy.attempts:
+            retried = getattr(exc, _RETRIED_BY_CLIENT, False)
+            if retried or classify(exc) != "transient" or tries == policy.attempts:
                 if hasattr(exc, "add_note"):  # Python 3.11+
                     exc.add_note(f"{describe}: gave up after {tries} attempt(s)")
                 raise
@@ -261,6 +249,38 @@ class ParallelWriter(ObjectWriter):
     one PUT at commit, with the final metadata (digest and size included).
     """
 
+    @classmethod
+    def opened(
+        cls,
+        target: UploadTarget,
+        metadata: Mapping[str, str],
+        settings: TransferSettings,
+        *,
+        metadata_at_start: bool,
+        declared_digest: str | None = None,
+        declared_size: int | None = None,
+        progress: ProgressReporter | None = None,
+        gate: threading.Event | None = None,
+        deadline: Deadline | None = None,
+    ) -> ParallelWriter:
+        """A writer with :meth:`Backend.open_write`'s contract: the commit refuses content that
+        differs from a declared digest and size. Where the store takes metadata only when an
+        upload starts (``metadata_at_start``: S3), the declared digest and size go with it."""
+        at_start = dict(metadata)
+        if metadata_at_start and declared_digest is not None and declared_size is not None:
+            at_start.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
+        writer = cls(
+            target,
+            at_start,
+            settings,
+            expected_size=declared_size,
+            progress=progress,
+            gate=gate,
+            deadline=deadline,
+        )
+        writer.declare(declared_digest, declared_size)
+        return writer
+
     def __init__(
         self,
         target: UploadTarget,
@@ -270,6 +290,7 @@ class ParallelWriter(ObjectWriter):
         expected_size: int | None = None,
         progress: ProgressReporter | None = None,
         gate: threading.Event | None = None,
+        deadline: Deadline | None = None,
     ) -> None:
         super().__init__(target.uri, progress=progress, gate=gate)
         self.metadata.update(metadata)
@@ -280,7 +301,7 @@ class ParallelWriter(ObjectWriter):
         self._settings = settings
         self._policy = settings.policy()
         self._expected = expected_size
-        self._deadline = _Deadline(target.uri, "saving", settings.transfer_timeout)
+        self._deadline = deadline or settings.deadline(target.uri, "saving", target.loop, expected_size)
         self._part_size = part_size_for(settings, target.max_parts, expected_size, 0)
         # Larger parts (huge uploads) keep the memory of the configured ones: fewer in flight.
         self._budget = transfer_memory(settings)
@@ -359,7 +380,8 @@ class ParallelWriter(ObjectWriter):
             )
         self._next_part += 1
         self._current, self._filled = None, 0
-        future = _submit(self._target.loop, self._send_part(number, memoryview(buffer)[:length]))
+        self._deadline.allow_for(self._size + length)
+        future = self._deadline.submit(self._send_part(number, memoryview(buffer)[:length]))
         self._in_flight[future] = (number, buffer)
         if self._expected is None:
             self._part_size = part_size_for(self._settings, self._target.max_parts, None, self._size)
@@ -368,31 +390,36 @@ class ParallelWriter(ObjectWriter):
         with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
             if self._next_part == 1:
                 body = memoryview(self._current or b"")[: self._filled]
-                self._deadline.result(_submit(self._target.loop, self._put(body)))
+                self._deadline.result(self._deadline.submit(self._put(body)))
+                self._release()
                 return
             if self._filled:
                 self._send_current()
             while self._in_flight:
                 self._harvest(self._deadline.wait_any(list(self._in_flight)))
             receipts = sorted(self._receipts.items())
-            self._deadline.result(_submit(self._target.loop, self._complete(receipts)))
+            self._deadline.result(self._deadline.submit(self._complete(receipts)))
         self._release()
 
     def _abort(self) -> None:
         for future in self._in_flight:
             future.cancel()
-        # Bounded even when the deadline has passed: the upload must not be left behind.
+        # Bounded on its own, even when the deadline has passed: an upload left behind is swept
+        # by a later save (stale_upload_age) or the bucket's lifecycle rule.
+        cleanup = asyncio.run_coroutine_threadsafe(self._abort_upload(), self._target.loop)
         try:
-            _submit(self._target.loop, self._abort_upload()).result(timeout=60)
+            cleanup.result(timeout=self._deadline.abort_seconds())
         except Exception as exc:
-            # The save's own error is the one to raise; say where the leftovers are.
+            cleanup.cancel()
             logger.warning("could not abort the unfinished upload to %s: %r", self.uri, exc)
         self._release()
+        self._deadline.finish()
 
     def _release(self) -> None:
         self._in_flight.clear()
         self._free.clear()
         self._current = None
+        self._deadline.finish()
 
     # store's loop
 
@@ -424,11 +451,23 @@ class ParallelWriter(ObjectWriter):
     async def _send_part(self, number: int, body: memoryview) -> str:
         self._track()
         upload_id = await self._upload_id()
-        return await _with_retries(
-            self._policy,
-            f"uploading part {number} of {self.uri}",
-            lambda: self._target.upload_part(upload_id, number, body),
-        )
+
+        async def attempt() -> str:
+            await self._gate_open()
+            return await self._target.upload_part(upload_id, number, body)
+
+        return await _with_retries(self._policy, f"uploading part {number} of {self.uri}", attempt)
+
+    async def _gate_open(self) -> None:
+        """Hold a part that has not started while a background save is paused (the gate clear).
+
+        ``write()`` waits for the gate in the caller's thread; parts queued before the pause
+        wait here, so no request starts while the caller takes its snapshot. A request already
+        sending finishes. Bounded by the deadline, which cancels this wait with the rest.
+        """
+        # A threading.Event set by another thread: polled, as no asyncio.Event can mirror it.
+        while self._gate is not None and not self._gate.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(_GATE_POLL)
 
     async def _put(self, body: memoryview) -> None:
         await _with_retries(
@@ -484,14 +523,21 @@ class ParallelReader(io.RawIOBase):
     """
 
     def __init__(
-        self, source: RangeSource, info: ObjectInfo, first: RangeBody, settings: TransferSettings
+        self,
+        source: RangeSource,
+        info: ObjectInfo,
+        first: RangeBody,
+        settings: TransferSettings,
+        *,
+        deadline: Deadline | None = None,
     ) -> None:
         super().__init__()
         self.info = info
         self._source = source
         self._policy = settings.policy()
         self._range_size = settings.part_size
-        self._deadline = _Deadline(source.uri, "loading", settings.transfer_timeout)
+        self._deadline = deadline or settings.deadline(source.uri, "loading", source.loop, info.size)
+        self._deadline.allow_for(info.size)
         self._ranges: collections.deque[_Range] = collections.deque()
         self._next_start = 0
         slots = min(settings.max_concurrency, max(1, -(-info.size // self._range_size)))
@@ -502,20 +548,23 @@ class ParallelReader(io.RawIOBase):
             self._schedule(bytearray(max(length, 0)), first if index == 0 else None)
 
     @classmethod
-    def open(cls, source: RangeSource, settings: TransferSettings) -> ParallelReader | None:
+    def open(
+        cls, source: RangeSource, settings: TransferSettings, *, deadline: Deadline | None = None
+    ) -> ParallelReader | None:
         """Send the first GET and start the others; ``None`` when there is no object."""
-        deadline = _Deadline(source.uri, "loading", settings.transfer_timeout)
-        opened = deadline.result(_submit(source.loop, source.open(settings.part_size)))
+        deadline = deadline or settings.deadline(source.uri, "loading", source.loop)
+        opened = deadline.result(deadline.submit(source.open(settings.part_size)))
         if opened is None:
+            deadline.finish()
             return None
         info, first = opened
-        return cls(source, info, first, settings)
+        return cls(source, info, first, settings, deadline=deadline)
 
     def _schedule(self, storage: bytearray, first: RangeBody | None = None) -> None:
         start = self._next_start
         view = memoryview(storage)[: min(len(storage), self.info.size - start)]
         self._next_start += len(view)
-        future = _submit(self._source.loop, self._fill(start, view, first))
+        future = self._deadline.submit(self._fill(start, view, first))
         self._ranges.append(_Range(storage, view, future))
 
     async def _fill(self, start: int, into: memoryview, body: RangeBody | None) -> None:
@@ -574,4 +623,5 @@ class ParallelReader(io.RawIOBase):
         """Cancel the ranges still in flight (their connections are closed, not reused)."""
         while self._ranges:
             self._ranges.popleft().future.cancel()
+        self._deadline.finish()
         super().close()

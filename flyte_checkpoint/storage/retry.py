@@ -4,10 +4,17 @@ The retry budget, and where it lives. Retries happen at exactly two layers, each
 
 1. **One request**, inside the store's client: :data:`REQUEST_ATTEMPTS` tries of one HTTP
    request -- botocore's ``max_attempts`` (standard mode), Azure's ``retry_total``
-   (``REQUEST_ATTEMPTS - 1`` retries), and the reopen of an S3 GET whose body broke off (botocore
-   does not retry a body once it is streaming). This layer retries without re-sending what a
-   multipart upload already sent. gcsfs retries with a fixed policy of its own that it offers no
-   switch for; it is the one exception.
+   (``REQUEST_ATTEMPTS - 1`` retries). This layer retries without re-sending what a multipart
+   upload already sent. gcsfs retries with a fixed policy of its own that it offers no switch
+   for; it is the one exception.
+
+   Parallel transfers (:mod:`.parallel`, S3 saves and loads) add nothing to this count: a part
+   or range whose request the client already retried fails at once
+   (:func:`~.parallel.mark_retried_by_client`). Their ``part_attempts`` (storage option, default
+   :data:`REQUEST_ATTEMPTS`) covers only what the client cannot retry: a response body that
+   broke off mid-way is reopened where it stopped (botocore does not retry a body once it is
+   streaming), at most ``part_attempts`` times per range. One failing part is thus tried
+   :data:`REQUEST_ATTEMPTS` times per transfer attempt, as a single-stream upload's request was.
 2. **One transfer**, in :mod:`flyte_checkpoint.transfer`: :class:`RetryPolicy` around a whole
    save or load, the only layer that can start a stream over (an upload cannot be resumed, a
    load whose object was replaced must be read again from its start).
@@ -16,7 +23,9 @@ Nothing else retries: s3fs's own retry loop, which repeats botocore's, is off (i
 is 1 unless a caller sets it). So a failing operation makes at most ``RetryPolicy.attempts x
 REQUEST_ATTEMPTS`` tries of the failing request (15 with the defaults), each bounded by the
 store's connect and read timeouts, with at most ``RetryPolicy.max_total_delay()`` seconds of
-back-off between transfers.
+back-off between transfers. Each transfer attempt is also bounded as a whole by its deadline
+(storage option ``transfer_timeout``, see :mod:`.deadline`); a transfer that runs out of it
+raises :class:`~flyte_checkpoint.errors.CheckpointTimeoutError`, which is not retried.
 """
 
 from __future__ import annotations

@@ -18,20 +18,24 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
-from flyte_checkpoint.storage.base import DIGEST_KEY, SIZE_KEY, ObjectInfo
+from flyte_checkpoint.progress import ProgressReporter
+from flyte_checkpoint.storage.base import ObjectInfo
+from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.fsspec_store import our_metadata
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
     ParallelReader,
     ParallelWriter,
     RangeBody,
     TransferSettings,
+    mark_retried_by_client,
 )
-from flyte_checkpoint.storage.s3 import object_info as _s3_object_info
 
 MIN_PART_SIZE = 5 << 20
 """S3 refuses parts below 5 MiB, except the last."""
@@ -93,6 +97,18 @@ class _PartBody(io.RawIOBase):
         pass
 
 
+def object_info(uri: str, response: Mapping[str, Any]) -> ObjectInfo:
+    """Describe an object from its ``head_object`` or ``get_object`` response."""
+    etag = response.get("ETag")
+    return ObjectInfo(
+        uri=uri,
+        size=int(response.get("ContentLength") or 0),
+        metadata=our_metadata(response.get("Metadata") or {}),
+        version=str(etag) if etag is not None else None,
+        modified=response.get("LastModified"),
+    )
+
+
 def _status(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
@@ -125,7 +141,14 @@ class S3Object:
         client = await fs.get_s3(self._bucket)
         _no_expect_continue(client)
         method = getattr(client, operation)
-        return await method(**fs._get_s3_method_kwargs(method, Bucket=self._bucket, Key=self._key, **params))
+        try:
+            return await method(
+                **fs._get_s3_method_kwargs(method, Bucket=self._bucket, Key=self._key, **params)
+            )
+        except Exception as exc:
+            # botocore tried it REQUEST_ATTEMPTS times already (its max_attempts).
+            mark_retried_by_client(exc)
+            raise
 
     # uploads
 
@@ -204,7 +227,7 @@ class S3Object:
                 raise
             # An empty object has no byte 0 to ask for.
             response = await self._call("get_object", **pinned)
-        info = _s3_object_info(self.uri, response)
+        info = object_info(self.uri, response)
         found = _CONTENT_RANGE.fullmatch(str(response.get("ContentRange") or ""))
         if found is not None:
             info = info.model_copy(update={"size": int(found.group(1))})
@@ -239,32 +262,50 @@ def open_s3_writer(
     *,
     declared_digest: str | None = None,
     declared_size: int | None = None,
+    progress: ProgressReporter | None = None,
+    gate: threading.Event | None = None,
+    deadline: Deadline | None = None,
 ) -> ParallelWriter:
     """An atomic, parallel upload to ``uri`` through ``fs`` (an ``s3fs.S3FileSystem``).
 
     The arguments after ``settings`` are :meth:`Backend.open_write`'s: a declared digest and
     size travel with the object from the start (S3 takes metadata when an upload begins) and the
-    commit refuses content that differs from them.
+    commit refuses content that differs from them. ``deadline`` bounds the whole upload (by
+    default the one ``settings`` give).
     """
+    return ParallelWriter.opened(
+        S3Object(fs, uri),
+        metadata,
+        s3_settings(settings),
+        metadata_at_start=True,
+        declared_digest=declared_digest,
+        declared_size=declared_size,
+        progress=progress,
+        gate=gate,
+        deadline=deadline,
+    )
+
+
+def s3_settings(settings: TransferSettings) -> TransferSettings:
+    """``settings`` with parts of at least S3's minimum part size (5 MiB, but for the last)."""
     if settings.part_size < MIN_PART_SIZE:
-        settings = settings.model_copy(update={"part_size": MIN_PART_SIZE})
-    at_start = dict(metadata)
-    if declared_digest is not None and declared_size is not None:
-        at_start.update({DIGEST_KEY: declared_digest, SIZE_KEY: str(declared_size)})
-    writer = ParallelWriter(S3Object(fs, uri), at_start, settings, expected_size=declared_size)
-    writer.declare(declared_digest, declared_size)
-    return writer
+        return settings.model_copy(update={"part_size": MIN_PART_SIZE})
+    return settings
 
 
 def pool_options(settings: TransferSettings) -> dict[str, Any]:
-    """s3fs options that give its client a connection for every request in flight.
+    """s3fs options that give its client one connection per request in flight, and no more.
 
-    botocore's pool holds 10 connections by default; more concurrent parts would queue for one.
-    Merge these into the options the ``S3FileSystem`` is built with.
+    botocore's pool holds 10 connections by default: more concurrent parts would queue for one,
+    and fewer parts would let the upload's other requests (starting it, the stale-upload sweep)
+    open connections beyond ``max_concurrency``. Merge these into the options the
+    ``S3FileSystem`` is built with (the caller's own ``max_pool_connections`` wins).
     """
-    return {"config_kwargs": {"max_pool_connections": max(10, settings.max_concurrency + 2)}}
+    return {"config_kwargs": {"max_pool_connections": settings.max_concurrency}}
 
 
-def open_s3_reader(fs: Any, uri: str, settings: TransferSettings) -> ParallelReader | None:
+def open_s3_reader(
+    fs: Any, uri: str, settings: TransferSettings, *, deadline: Deadline | None = None
+) -> ParallelReader | None:
     """A parallel, in-order read of the object at ``uri``; ``None`` when there is none."""
-    return ParallelReader.open(S3Object(fs, uri), settings)
+    return ParallelReader.open(S3Object(fs, uri), settings, deadline=deadline)

@@ -21,9 +21,10 @@ directory) a series runs against one destination that already holds a good check
    said ``committed`` must give the new version. Local temp files are listed before and after:
    a save that got as far as writing has removed every earlier trial's temp file, and a killed
    save leaves at most its own. On S3 no object other than the checkpoint may ever be visible;
-   the incomplete multipart uploads a kill leaves behind are counted (they are invisible and
-   need a bucket lifecycle rule to be reaped), then aborted so the emulator's memory stays flat.
-4. A last uninterrupted save must leave no temp file and load back.
+   the incomplete multipart uploads a kill leaves behind are counted (they are invisible); the
+   saves run with ``stale_upload_age=0``, so each save aborts the ones earlier kills left.
+4. A last uninterrupted save must leave no temp file and load back, and no incomplete upload:
+   its stale-upload sweep aborted every one the kills left.
 
 A SIGKILLed S3 client's last request (the part upload or the CompleteMultipartUpload it had
 sent) may still be applied by the server after the client died, so the load right after a kill
@@ -137,6 +138,7 @@ class Series:
     final_outcome: str = ""
     final_expected: str = ""
     final_leftovers: frozenset[str] = frozenset()
+    final_dangling_uploads: int = 0
     log: TrialLog | None = None
 
 
@@ -181,11 +183,13 @@ def _s3_place(server: StorageServer, kind: str) -> Place:
         return frozenset(path for path in fs.find(prefix) if path != f"{prefix}/checkpoint")
 
     def dangling_uploads() -> int:
-        count = len(fs.list_multipart_uploads(bucket))
-        fs.clear_multipart_uploads(bucket)
-        return count
+        # Counted, not cleared: the next save aborts them (stale_upload_age 0, below).
+        return len(fs.list_multipart_uploads(bucket))
 
-    return Place(dest, server.storage_options, leftovers, dangling_uploads)
+    # Every earlier incomplete upload to the key is stale at once: each save sweeps the ones
+    # the kills before it left, which keeps the emulator's memory flat.
+    options = {**server.storage_options, "stale_upload_age": 0}
+    return Place(dest, options, leftovers, dangling_uploads)
 
 
 def _phase(worker: Worker, total: int) -> str:
@@ -268,6 +272,7 @@ def _run_series(backend: str, kind: str, root: Path, place: Place, size: int, ki
             assert worker.finish() == 0, f"the final save failed: {worker.describe()}"
     series.final_outcome = observe(place.dest, place.storage_options, digests)
     series.final_leftovers = place.leftovers()
+    series.final_dangling_uploads = place.dangling_uploads()
 
     log = TrialLog(f"kill during save, {backend}, {kind} ({size // MiB} MiB)")
     for trial in series.trials:
@@ -277,7 +282,10 @@ def _run_series(backend: str, kind: str, root: Path, place: Place, size: int, ki
     log.notes.append(f"one save {1000 * spread[0]:.0f}-{1000 * spread[-1]:.0f} ms")
     if backend == "s3":
         dangling = sum(trial.dangling_uploads for trial in series.trials)
-        log.notes.append(f"{dangling} incomplete multipart uploads left by kills (aborted by the test)")
+        log.notes.append(
+            f"{dangling} incomplete multipart uploads seen after kills (swept by the next save), "
+            f"{series.final_dangling_uploads} after the final save"
+        )
         races = sum(trial.raced for trial in series.trials)
         log.notes.append(f"{races} loads raced the server finishing a dead worker's upload and raised")
     log.seconds = time.monotonic() - started_at
@@ -394,3 +402,12 @@ def test_an_uninterrupted_save_after_the_kills_loads_back_and_leaves_nothing_beh
     series = kill_series(backend, kind)
     assert series.final_outcome == series.final_expected
     assert series.final_leftovers == frozenset()
+
+
+@pytest.mark.parametrize(("backend", "kind"), S3_SERIES)
+def test_the_save_after_the_kills_aborted_every_upload_they_left(
+    kill_series: Callable[[str, str], Series], backend: str, kind: str
+) -> None:
+    series = kill_series(backend, kind)
+    assert sum(trial.dangling_uploads for trial in series.trials) > 0, "no kill left an upload to sweep"
+    assert series.final_dangling_uploads == 0

@@ -22,6 +22,7 @@ import pytest
 from flyte_checkpoint import Checkpoint, CheckpointError, CheckpointUnavailableError
 from flyte_checkpoint.cli import main
 from flyte_checkpoint.storage.retry import RetryPolicy
+from flyte_checkpoint.storage.s3_parallel import S3Object
 from tests.fault_proxy import FaultProxy, drop_mid_request, drop_mid_response, stall, status
 from tests.storage.conftest import Remote
 
@@ -101,15 +102,26 @@ def test_the_get_command_retries_through_a_503_and_restores(
 
 
 @pytest.mark.parametrize("remote", ["s3"], indirect=True)
-def test_an_s3_load_cut_off_mid_body_resumes_where_it_stopped(remote: Remote, proxy: FaultProxy) -> None:
+def test_an_s3_load_cut_off_mid_body_resumes_where_it_stopped(
+    remote: Remote, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
     payload = os.urandom(3 << 20)
     direct(remote, "cut-off").save_sync(payload)
+    get_range, resumed_at = S3Object.get_range, []
+
+    async def recording(self: S3Object, start: int, length: int, version: str | None) -> Any:
+        resumed_at.append(start)
+        return await get_range(self, start, length, version)
+
+    monkeypatch.setattr(S3Object, "get_range", recording)
     proxy.add_fault(drop_mid_response(1 << 20), times=1, method="GET")
     restored = through_proxy(remote, proxy, "unused", "cut-off").load_sync()
     assert restored is not None
     assert restored.read_bytes() == payload
-    # The stream was reopened at the offset reached (a ranged GET: 206), not read again whole.
-    assert [r.upstream_status for r in proxy.requests if r.method == "GET"] == [200, 206]
+    # The range was reopened at the offset reached (one more ranged GET), not read again whole.
+    assert [r.upstream_status for r in proxy.requests if r.method == "GET"] == [206, 206]
+    assert len(resumed_at) == 1
+    assert 0 < resumed_at[0] <= 1 << 20
 
 
 @pytest.mark.parametrize("remote", ["s3", "azure"], indirect=True)

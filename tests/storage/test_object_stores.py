@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsspec.asyn import sync
 
 from flyte_checkpoint import (
     BackendNotInstalledError,
@@ -23,8 +22,9 @@ from flyte_checkpoint import (
     run_with_retries,
 )
 from flyte_checkpoint import archive as archive_module
-from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object, fsspec_store
-from flyte_checkpoint.storage import s3 as s3_store
+from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object, fsspec_store, parallel
+from flyte_checkpoint.storage.parallel import TransferSettings
+from flyte_checkpoint.storage.s3_parallel import MAX_PARTS, S3Object
 from tests.conftest import tree_of
 from tests.storage.conftest import Remote
 
@@ -96,43 +96,39 @@ def test_an_object_past_the_multipart_threshold_round_trips(remote: Remote, tmp_
 def test_s3_parts_that_grow_mid_upload_round_trip(
     remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fsspec_store, "PART_GROWTH", 2)  # parts of half the bytes written so far
-    backend = backend_for(remote.uri("growing"), remote.storage_options)
-    assert isinstance(backend, fsspec_store.FsspecBackend)
-    fs = backend.fs
-    call_s3, parts = fs.call_s3, []
+    monkeypatch.setattr(parallel, "_PART_GROWTH", 2)  # parts of half the bytes written so far
+    upload_part, parts = S3Object.upload_part, []
 
-    def recording(method: str, *args: Any, **kwargs: Any) -> Any:
-        if method == "upload_part":
-            parts.append(len(kwargs["Body"]))
-        return call_s3(method, *args, **kwargs)
+    async def recording(self: S3Object, upload_id: str, number: int, body: memoryview) -> str:
+        parts.append(len(body))
+        return await upload_part(self, upload_id, number, body)
 
-    monkeypatch.setattr(fs, "call_s3", recording)
+    monkeypatch.setattr(S3Object, "upload_part", recording)
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "weights.bin").write_bytes(os.urandom(40 << 20))
     checkpoint(remote, "growing").save_sync(tree)  # a directory: an upload of unknown length
-    # About 9, 10, 20 MiB and the rest; parts of 8 MiB would be five, none above 10 MiB.
-    assert len(parts) == 4
-    assert max(parts) > 16 << 20
+    # Parts of a fixed 8 MiB would be six, none above 8 MiB.
+    assert max(parts) > 8 << 20
+    assert len(parts) < -(-sum(parts) // (8 << 20))
     restored = checkpoint(remote, "unused", "growing").load_sync()
     assert restored is not None
     assert tree_of(restored) == tree_of(tree)
 
 
 def test_s3_parts_stay_within_its_limits_up_to_its_largest_object() -> None:
-    profile = s3_store.PROFILE
-    assert fsspec_store.part_size(profile, None, 0) == 8 << 20
+    settings = TransferSettings()
+    assert parallel.part_size_for(settings, MAX_PARTS, None, 0) == 8 << 20
     sent = parts = 0
     while sent < 5 << 40:  # 5 TiB, S3's largest object, in parts of at most 5 GiB, at most 10,000
-        part = fsspec_store.part_size(profile, None, sent)
+        part = parallel.part_size_for(settings, MAX_PARTS, None, sent)
         assert part <= 5 << 30
         sent += part
         parts += 1
-    assert parts <= 10_000
+    assert parts <= MAX_PARTS
     # A known size fixes the part size up front: the smallest that fits in 10,000 parts.
-    assert fsspec_store.part_size(profile, 200 << 30, 0) == 21 << 20
-    assert fsspec_store.part_size(profile, 1 << 30, 0) == 8 << 20
+    assert parallel.part_size_for(settings, MAX_PARTS, 200 << 30, 0) == 21 << 20
+    assert parallel.part_size_for(settings, MAX_PARTS, 1 << 30, 0) == 8 << 20
 
 
 def test_checkpoints_built_with_the_same_options_share_one_client(remote: Remote) -> None:
@@ -151,32 +147,32 @@ def test_checkpoints_built_with_the_same_options_share_one_client(remote: Remote
 
 
 @pytest.mark.parametrize("remote", ["s3"], indirect=True)
-def test_an_s3_load_cut_off_after_its_object_was_replaced_starts_over_and_loads_the_new_one(
+def test_an_s3_load_overtaken_by_an_overwrite_starts_over_and_loads_the_new_one(
     remote: Remote, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    old, new = os.urandom(3 << 20), os.urandom(3 << 20)
+    old, new = os.urandom(12 << 20), os.urandom(12 << 20)
     checkpoint(remote, "replaced").save_sync(old)
-    streams: list[Any] = []
-    original_init = s3_store.StreamedS3Object.__init__
+    opened: tuple[Any, list[int]] = (S3Object.open, [])
 
-    def recording_init(self: Any, *args: Any) -> None:
-        original_init(self, *args)
-        streams.append(self)
+    async def recording_open(self: S3Object, length: int) -> Any:
+        opened[1].append(length)
+        return await opened[0](self, length)
 
-    monkeypatch.setattr(s3_store.StreamedS3Object, "__init__", recording_init)
-    options = {**remote.storage_options, "retries": 1}
+    monkeypatch.setattr(S3Object, "open", recording_open)
+    # One range in flight: the second is asked for after the overwrite, pinned to the old ETag.
+    options = {**remote.storage_options, "part_size": 5 << 20, "max_concurrency": 1}
 
-    def replace_and_cut_off(done: int, total: int | None) -> None:
-        if done >= 1 << 20 and len(streams) == 1 and streams[0]._body is not None:
+    def replace_once(done: int, total: int | None) -> None:
+        if len(opened[1]) == 1 and done >= 1 << 20:
             Checkpoint(remote.uri("replaced"), storage_options=options).save_sync(new)
-            sync(streams[0]._fs.loop, streams[0]._drop_body)  # the connection breaks
+            opened[1].append(0)  # replaced once
 
     cp = Checkpoint(remote.uri("unused"), remote.uri("replaced"), storage_options=options)
-    restored = cp.load_sync(progress=replace_and_cut_off)
-    # The resumed GET is pinned to the first ETag: refused (412), so the load started over.
+    restored = cp.load_sync(progress=replace_once)
+    # The next range was refused (412, the object was replaced): the load started over.
     assert restored is not None
     assert restored.read_bytes() == new
-    assert len(streams) == 2
+    assert len(opened[1]) == 3  # first open, the overwrite, the second open
 
 
 def test_the_format_and_digest_travel_with_a_payload(remote: Remote) -> None:
@@ -335,14 +331,14 @@ def test_an_upload_that_cannot_be_aborted_is_logged_with_its_uri(
     remote: Remote, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     uri = remote.uri("stuck")
-    backend = backend_for(uri, remote.storage_options)
+    backend = backend_for(uri, {**remote.storage_options, "part_size": 5 << 20})
     writer = backend.open_write(uri, {})
-    writer.write(b"half a checkpoint")
+    writer.write(os.urandom(6 << 20))  # past one part: a multipart upload was started
 
-    def refuse() -> None:  # fault injection: the store cannot be reached to abort
+    async def refuse(self: S3Object, upload_id: str) -> None:  # the store cannot be reached to abort
         raise ConnectionResetError("connection reset by peer")
 
-    monkeypatch.setattr(writer._handle, "discard", refuse)  # type: ignore[attr-defined]
+    monkeypatch.setattr(S3Object, "abort", refuse)
     with caplog.at_level(logging.WARNING, logger="flyte_checkpoint"):
         writer.abort()
     assert [record.levelno for record in caplog.records] == [logging.WARNING]

@@ -27,6 +27,7 @@ from flyte_checkpoint.storage.azure import AzureBackend
 from flyte_checkpoint.storage.azure_parallel import BlocksDiscardedError
 from flyte_checkpoint.storage.base import FORMAT_KEY, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
+from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreObject
 from flyte_checkpoint.storage.gcs import GCSBackend
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
@@ -34,19 +35,18 @@ from flyte_checkpoint.storage.parallel import (
     TransferSettings,
     transfer_memory,
 )
-from flyte_checkpoint.storage.parallel_store import ParallelStore, StoreObject
 from tests.storage.conftest import Remote, remote_for
 
 PART = 1 << 20  # the smallest part the settings allow: emulators are slow
 SETTINGS = {"part_size": PART, "max_concurrency": 3, "part_attempts": 3}
 REPO = Path(__file__).resolve().parents[2]
-_BACKENDS: dict[str, type[ParallelStore]] = {"gcs": GCSBackend, "azure": AzureBackend}
+_BACKENDS: dict[str, type[FsspecBackend]] = {"gcs": GCSBackend, "azure": AzureBackend}
 
 
 @dataclass
 class Store:
     remote: Remote
-    backend: ParallelStore
+    backend: FsspecBackend
 
     def uri(self, key: str) -> str:
         return self.remote.uri(key)

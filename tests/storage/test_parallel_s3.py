@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,7 +19,11 @@ from typing import Any
 import pytest
 from fsspec.asyn import sync
 
-from flyte_checkpoint.errors import CheckpointPermissionError, CheckpointTimeoutError
+from flyte_checkpoint.errors import (
+    CheckpointPermissionError,
+    CheckpointTimeoutError,
+    CheckpointUnavailableError,
+)
 from flyte_checkpoint.storage.base import FORMAT_KEY, ObjectInfo, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.parallel import (
@@ -26,6 +32,7 @@ from flyte_checkpoint.storage.parallel import (
     ParallelWriter,
     RangeBody,
     TransferSettings,
+    mark_retried_by_client,
     transfer_memory,
 )
 from flyte_checkpoint.storage.s3 import S3Backend
@@ -469,3 +476,45 @@ def test_a_large_save_and_load_stay_within_the_documented_memory(bucket: Bucket,
     allowed = transfer_memory(settings) + (16 << 20)  # socket buffers, chunks, allocator slack
     assert peaks["save"] - peaks["before"] < allowed
     assert peaks["load"] - peaks["before"] < allowed
+
+
+def test_a_part_request_the_client_already_retried_is_not_tried_again_by_the_part_layer(
+    bucket: Bucket,
+) -> None:
+    error = ConnectionResetError("reset after botocore's own attempts")
+    mark_retried_by_client(error)
+    target = FaultyTarget(S3Object(bucket.fs, bucket.uri("obj")), fail_part=2, error=error, times=1)
+    with pytest.raises(CheckpointUnavailableError):
+        faulty_save(target, os.urandom(3 * PART))
+    assert target.attempts[2] == 1  # the budget of one request stays REQUEST_ATTEMPTS (retry.py)
+
+
+class HeldStart(S3Object):
+    """An S3 key whose multipart upload starts only once ``released`` is set."""
+
+    def __init__(self, fs: Any, uri: str, released: threading.Event) -> None:
+        super().__init__(fs, uri)
+        self.released = released
+
+    async def create(self, metadata: Mapping[str, str]) -> str:
+        while not self.released.is_set():  # noqa: ASYNC110 - set by the test's thread
+            await asyncio.sleep(0.01)
+        return await super().create(metadata)
+
+
+def test_parts_queued_before_a_pause_wait_for_the_gate(bucket: Bucket) -> None:
+    gate, released = threading.Event(), threading.Event()
+    gate.set()
+    writer = ParallelWriter(HeldStart(bucket.fs, bucket.uri("obj"), released), {}, SETTINGS, gate=gate)
+    data = os.urandom(2 * PART + 1)
+    with recorded_requests(bucket) as sent:
+        writer.write(data)  # parts 1 and 2 are queued behind the start of the upload
+        gate.clear()  # a background save pauses (the caller takes a snapshot)
+        released.set()
+        time.sleep(0.5)
+        held = [request.operation for request in sent]
+        gate.set()
+        writer.commit()
+    assert "CreateMultipartUpload" in held
+    assert "UploadPart" not in held
+    assert stored(bucket, "obj") == data

@@ -1,0 +1,258 @@
+"""An overall time bound on one save or load through an object store, whatever it waits for.
+
+Per-request timeouts (botocore's ``read_timeout``, gcsfs's ``requests_timeout``, Azure's
+``read_timeout``) do not bound an operation: fsspec's ``sync`` waits without a limit for the
+coroutine it runs on its event-loop thread, clients retry, and a server that accepts connections
+but stops answering (a stopped process, a black-holed route) kept a save waiting for more than
+ten minutes. A :class:`Deadline` bounds the whole operation instead:
+
+* the caller's blocking waits on futures of the store's loop (:meth:`Deadline.result`,
+  :meth:`Deadline.wait_any`) time out when it passes, and
+* every task started on the store's loop on behalf of the operation -- by fsspec's ``sync``
+  inside s3fs, gcsfs and adlfs file objects, or by :mod:`.parallel` -- is cancelled when it
+  passes, so a thread blocked in fsspec's ``sync`` wakes up. Such tasks are recognised by a
+  context variable that :meth:`Deadline.scope` sets around each call into the client: asyncio
+  copies the caller's context into the tasks it creates, and a task factory installed on the
+  loop files them under their deadline.
+
+The operation then raises :class:`~flyte_checkpoint.errors.CheckpointTimeoutError` (never
+retried by :class:`~flyte_checkpoint.storage.retry.RetryPolicy`: the bound is on the whole
+call). A save that times out is aborted, and its upload was never completed, so the previous
+object stays.
+
+The bound is the storage option ``transfer_timeout`` when given; by default it is
+:data:`BASE_SECONDS` plus :data:`SECONDS_PER_MIB` for every MiB the transfer moves (known up
+front for loads and file saves, counted as it is written for directory saves): an operation
+averaging less than 1 MiB/s after two minutes is taken as stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import threading
+import time
+import weakref
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from flyte_checkpoint.errors import CheckpointTimeoutError
+
+T = TypeVar("T")
+
+BASE_SECONDS = 120.0
+"""The default bound of an operation moving nothing (a 1 KiB save, a load's first request)."""
+SECONDS_PER_MIB = 1.0
+"""What the default bound adds per MiB moved: a transfer averaging under 1 MiB/s is stuck."""
+ABORT_SECONDS = 30.0
+"""The most an abort of a timed-out or failed upload may wait (at most the operation's own bound)."""
+_MiB = 1 << 20
+
+_current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
+    "flyte_checkpoint_deadline", default=None
+)
+_loops_with_factory: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+class Deadline:
+    """The moment one save or load must be finished by, and the waits and tasks bounded by it."""
+
+    def __init__(
+        self,
+        uri: str,
+        action: str,
+        *,
+        loop: asyncio.AbstractEventLoop | None,
+        seconds: float | None = None,
+        size: int | None = None,
+    ) -> None:
+        """``seconds`` fixes the bound (the ``transfer_timeout`` option); without it the bound
+        is the default one for ``size`` bytes, grown by :meth:`allow_for` as bytes move."""
+        self._uri = uri
+        self._action = action
+        self._loop = loop
+        self._started = time.monotonic()
+        self._fixed = seconds
+        self._moved = size or 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed = False
+        self.fired = False
+        """Whether the bound passed and the operation's tasks were cancelled."""
+
+    @property
+    def seconds(self) -> float:
+        """The bound, in seconds from the start of the operation (as far as it is known yet)."""
+        if self._fixed is not None:
+            return self._fixed
+        return BASE_SECONDS + SECONDS_PER_MIB * self._moved / _MiB
+
+    def allow_for(self, moved: int) -> None:
+        """``moved`` bytes are known to be part of the transfer: a default bound grows with them."""
+        self._moved = max(self._moved, moved)
+
+    def remaining(self) -> float:
+        return max(0.0, self._started + self.seconds - time.monotonic())
+
+    def abort_seconds(self) -> float:
+        """How long cleaning up after a failure may take."""
+        return min(ABORT_SECONDS, self.seconds)
+
+    def for_cleanup(self) -> Deadline:
+        """A new bound of :meth:`abort_seconds` for cleaning up after this operation failed."""
+        action = f"cleaning up after {self._action}"
+        return Deadline(self._uri, action, loop=self._loop, seconds=self.abort_seconds())
+
+    def expired(self) -> CheckpointTimeoutError:
+        """The error to raise now that the bound has passed."""
+        option = "transfer_timeout" if self._fixed is not None else "default bound (set transfer_timeout)"
+        return CheckpointTimeoutError(
+            f"{self._action} {self._uri} did not finish within {self.seconds:.0f} s (its {option}); "
+            "the store stopped answering or the network is too slow: check the storage endpoint "
+            "and network, or raise the storage option transfer_timeout"
+        )
+
+    # blocking waits of the caller's thread
+
+    def wait_any(
+        self, futures: Sequence[concurrent.futures.Future[Any]]
+    ) -> set[concurrent.futures.Future[Any]]:
+        """Block until one of ``futures`` is done (interruptible by Ctrl-C); return the done ones."""
+        done, _ = concurrent.futures.wait(
+            futures, timeout=self.remaining(), return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        if not done or self.fired:
+            raise self.expired()
+        return done
+
+    def result(self, future: concurrent.futures.Future[T]) -> T:
+        """``future``'s result, waiting no longer than the bound allows."""
+        try:
+            return future.result(timeout=self.remaining())
+        except concurrent.futures.TimeoutError:
+            if future.done() and not future.cancelled():
+                # The operation's own TimeoutError (one class with this wait's since Python
+                # 3.11: aiohttp's request timeout), not the bound: raise it as it is.
+                return future.result()
+            future.cancel()
+            raise self.expired() from None
+        except concurrent.futures.CancelledError:
+            if self.fired:
+                raise self.expired() from None
+            raise
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the store's loop as one of this operation's tasks."""
+        assert self._loop is not None
+        with self.scope():
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    # tasks on the store's loop
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Calls into the store client inside this block start tasks this deadline cancels.
+
+        A call that a cancellation ended -- fsspec's ``sync`` then returns ``None`` or raises
+        whatever the interrupted code made of it -- raises :meth:`expired` instead.
+        """
+        if self.remaining() <= 0:
+            self.fired = True
+            raise self.expired()
+        if self._loop is not None:
+            self._arm()
+        token = _current.set(self)
+        try:
+            yield
+        except BaseException as exc:
+            if self.fired:
+                raise self.expired() from exc
+            raise
+        finally:
+            _current.reset(token)
+        if self.fired:
+            raise self.expired()
+
+    def finish(self) -> None:
+        """The operation is over: stop watching it."""
+        if self._loop is not None and self._timer is not None:
+            with contextlib.suppress(RuntimeError):  # a loop closed at interpreter exit
+                self._loop.call_soon_threadsafe(self._disarm)
+
+    def _arm(self) -> None:
+        if self._armed:
+            return
+        self._armed = True
+        loop = self._loop
+        assert loop is not None
+        if loop not in _loops_with_factory:
+            loop.call_soon_threadsafe(_install_factory, loop)
+        loop.call_soon_threadsafe(self._schedule)
+
+    def _schedule(self) -> None:  # on the loop
+        assert self._loop is not None
+        self._timer = self._loop.call_later(self.remaining() + 0.01, self._check)
+
+    def _disarm(self) -> None:  # on the loop
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._tasks.clear()
+
+    def _check(self) -> None:  # on the loop
+        if self.remaining() > 0:
+            self._schedule()  # a default bound grew meanwhile
+            return
+        self.fired = True
+        self._timer = None
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _adopt(self, task: asyncio.Task[Any]) -> None:  # on the loop
+        if self.fired:
+            task.cancel()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _sync_wakeup(coro: Any) -> threading.Event | None:
+    """The event a thread blocked in fsspec's ``sync`` waits for, if ``coro`` is its runner.
+
+    The runner sets it in a ``finally``, which a task cancelled before its first step never
+    enters: the thread would wait forever. The deadline sets it when such a task ends instead.
+    """
+    try:
+        from fsspec.asyn import _runner
+    except ImportError:  # pragma: no cover - fsspec comes with every object store
+        return None
+    if getattr(coro, "cr_code", None) is not _runner.__code__ or coro.cr_frame is None:
+        return None
+    event = coro.cr_frame.f_locals.get("event")
+    return event if isinstance(event, threading.Event) else None
+
+
+def _install_factory(loop: asyncio.AbstractEventLoop) -> None:
+    """File every task the loop creates under the deadline of the context it is created in."""
+    if loop in _loops_with_factory:
+        return
+    _loops_with_factory.add(loop)
+    previous = loop.get_task_factory()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        if previous is not None:
+            task = previous(loop, coro, **kwargs)
+        else:
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+        context = kwargs.get("context")
+        deadline = context.get(_current) if context is not None else _current.get()
+        if deadline is not None and isinstance(task, asyncio.Task):
+            event = _sync_wakeup(coro)
+            if event is not None:
+                task.add_done_callback(lambda _: event.set())
+            deadline._adopt(task)
+        return task
+
+    loop.set_task_factory(factory)
