@@ -7,14 +7,12 @@ store adapter.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from flyte_checkpoint.storage.azure import AzureBackend
 from flyte_checkpoint.storage.azure_parallel import BlocksDiscardedError
 from flyte_checkpoint.storage.base import FORMAT_KEY, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
-from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreObject
+from flyte_checkpoint.storage.fsspec_store import FsspecBackend
 from flyte_checkpoint.storage.gcs import GCSBackend
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
@@ -36,6 +34,7 @@ from flyte_checkpoint.storage.parallel import (
     transfer_memory,
 )
 from tests.storage.conftest import Remote, remote_for
+from tests.storage.parallel_faults import FaultyTarget
 
 PART = 1 << 20  # the smallest part the settings allow: emulators are slow
 SETTINGS = {"part_size": PART, "max_concurrency": 3, "part_attempts": 3}
@@ -137,69 +136,6 @@ def test_a_save_in_parts_leaves_only_the_object_behind(store: Store) -> None:
 
 
 # -- faults -------------------------------------------------------------------------------------
-
-
-@dataclass
-class FaultyTarget:
-    """The real store object, with faults a real server cannot be made to produce on cue."""
-
-    real: StoreObject
-    fail_part: int | None = None
-    error: BaseException = field(default_factory=lambda: PermissionError("injected"))
-    times: int = 1_000_000
-    hold_part_until_done: tuple[int, int] | None = None
-    fail_complete: bool = False
-    fail_abort: bool = False
-    attempts: dict[int, int] = field(default_factory=dict)
-    finished: list[int] = field(default_factory=list)
-    _done: dict[int, asyncio.Event] = field(default_factory=dict)
-
-    @property
-    def uri(self) -> str:
-        return self.real.uri
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self.real.loop
-
-    @property
-    def max_parts(self) -> int:
-        return self.real.max_parts
-
-    def _event(self, number: int) -> asyncio.Event:
-        return self._done.setdefault(number, asyncio.Event())
-
-    async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
-        await self.real.put(body, metadata)
-
-    async def create(self, metadata: Mapping[str, str]) -> str:
-        return await self.real.create(metadata)
-
-    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
-        self.attempts[number] = self.attempts.get(number, 0) + 1
-        if self.hold_part_until_done is not None and number == self.hold_part_until_done[0]:
-            await self._event(self.hold_part_until_done[1]).wait()
-        if number == self.fail_part and self.attempts[number] <= self.times:
-            raise self.error
-        receipt = await self.real.upload_part(upload_id, number, body)
-        self.finished.append(number)
-        self._event(number).set()
-        return receipt
-
-    async def complete(
-        self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
-    ) -> None:
-        if self.fail_complete:
-            raise self.error
-        await self.real.complete(upload_id, receipts, metadata)
-
-    async def abort(self, upload_id: str) -> None:
-        if self.fail_abort:
-            raise ConnectionResetError("injected: the store cannot be reached to abort")
-        await self.real.abort(upload_id)
-
-    async def sweep_stale(self, keep: str, older_than: float) -> int:
-        return await self.real.sweep_stale(keep, older_than)
 
 
 def faulty_save(store: Store, target: FaultyTarget, data: bytes) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,6 +37,7 @@ from flyte_checkpoint.storage.parallel import (
 )
 from flyte_checkpoint.storage.s3 import S3Backend
 from flyte_checkpoint.storage.s3_parallel import S3Object, open_s3_reader, open_s3_writer
+from tests.storage.parallel_faults import FaultyTarget, Wrapped
 from tests.storage_servers import StorageServer, create_bucket
 
 PART = 5 << 20  # S3's smallest part: moto re-reads a whole object per ranged GET, so keep them few
@@ -187,69 +188,6 @@ def test_ranges_after_the_first_are_pinned_to_its_etag(bucket: Bucket) -> None:
 # -- faults -------------------------------------------------------------------------------------
 
 
-@dataclass
-class Wrapped:
-    """The real S3 object, seen through a test's fault injection."""
-
-    real: S3Object
-
-    @property
-    def uri(self) -> str:
-        return self.real.uri
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self.real.loop
-
-
-@dataclass
-class FaultyTarget(Wrapped):
-    """The real S3 upload target, with faults a real server cannot be made to produce on cue."""
-
-    fail_part: int | None = None
-    error: BaseException = field(default_factory=lambda: PermissionError("injected"))
-    times: int = 1_000_000
-    hold_part_until_done: tuple[int, int] | None = None
-    attempts: dict[int, int] = field(default_factory=dict)
-    finished: list[int] = field(default_factory=list)
-    _done: dict[int, asyncio.Event] = field(default_factory=dict)
-
-    @property
-    def max_parts(self) -> int:
-        return self.real.max_parts
-
-    def _event(self, number: int) -> asyncio.Event:
-        return self._done.setdefault(number, asyncio.Event())
-
-    async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
-        await self.real.put(body, metadata)
-
-    async def create(self, metadata: Mapping[str, str]) -> str:
-        return await self.real.create(metadata)
-
-    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
-        self.attempts[number] = self.attempts.get(number, 0) + 1
-        if self.hold_part_until_done is not None and number == self.hold_part_until_done[0]:
-            await self._event(self.hold_part_until_done[1]).wait()
-        if number == self.fail_part and self.attempts[number] <= self.times:
-            raise self.error
-        receipt = await self.real.upload_part(upload_id, number, body)
-        self.finished.append(number)
-        self._event(number).set()
-        return receipt
-
-    async def complete(
-        self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
-    ) -> None:
-        await self.real.complete(upload_id, receipts, metadata)
-
-    async def abort(self, upload_id: str) -> None:
-        await self.real.abort(upload_id)
-
-    async def sweep_stale(self, keep: str, older_than: float) -> int:
-        return await self.real.sweep_stale(keep, older_than)
-
-
 def faulty_save(target: FaultyTarget, data: bytes, settings: TransferSettings = SETTINGS) -> None:
     with ParallelWriter(target, {FORMAT_KEY: "payload"}, settings) as writer:
         for start in range(0, len(data), 1 << 20):
@@ -346,7 +284,8 @@ class BreakingSource(Wrapped):
 
     async def get_range(self, start: int, length: int, version: str | None) -> RangeBody:
         self.ranges_asked.append(start)
-        return await self.real.get_range(start, length, version)
+        body: RangeBody = await self.real.get_range(start, length, version)
+        return body
 
 
 def test_a_range_cut_off_mid_body_resumes_where_it_stopped(bucket: Bucket) -> None:

@@ -1,0 +1,79 @@
+"""Fault injection around a real store object's parallel upload (faults a server cannot be made
+to produce on cue): shared by the parallel-transfer tests of every store."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Wrapped:
+    """A real store object (an upload target and ranged source), seen through a test's faults."""
+
+    real: Any
+
+    @property
+    def uri(self) -> str:
+        return str(self.real.uri)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop = self.real.loop
+        return loop
+
+
+@dataclass
+class FaultyTarget(Wrapped):
+    """The real upload target, failing or holding the parts, completion or abort a test names."""
+
+    fail_part: int | None = None
+    error: BaseException = field(default_factory=lambda: PermissionError("injected"))
+    times: int = 1_000_000
+    hold_part_until_done: tuple[int, int] | None = None
+    fail_complete: bool = False
+    fail_abort: bool = False
+    attempts: dict[int, int] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
+    _done: dict[int, asyncio.Event] = field(default_factory=dict)
+
+    @property
+    def max_parts(self) -> int:
+        return int(self.real.max_parts)
+
+    def _event(self, number: int) -> asyncio.Event:
+        return self._done.setdefault(number, asyncio.Event())
+
+    async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
+        await self.real.put(body, metadata)
+
+    async def create(self, metadata: Mapping[str, str]) -> str:
+        return str(await self.real.create(metadata))
+
+    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
+        self.attempts[number] = self.attempts.get(number, 0) + 1
+        if self.hold_part_until_done is not None and number == self.hold_part_until_done[0]:
+            await self._event(self.hold_part_until_done[1]).wait()
+        if number == self.fail_part and self.attempts[number] <= self.times:
+            raise self.error
+        receipt = str(await self.real.upload_part(upload_id, number, body))
+        self.finished.append(number)
+        self._event(number).set()
+        return receipt
+
+    async def complete(
+        self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
+    ) -> None:
+        if self.fail_complete:
+            raise self.error
+        await self.real.complete(upload_id, receipts, metadata)
+
+    async def abort(self, upload_id: str) -> None:
+        if self.fail_abort:
+            raise ConnectionResetError("injected: the store cannot be reached to abort")
+        await self.real.abort(upload_id)
+
+    async def sweep_stale(self, keep: str, older_than: float) -> int:
+        return int(await self.real.sweep_stale(keep, older_than))
