@@ -3,32 +3,18 @@ and a guard that the environment of the test process names no launcher."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.storage_servers import StorageServer, create_bucket
-
-
-@dataclass(frozen=True)
-class Store:
-    """Where a test keeps its checkpoints: a base URI and the options to reach it."""
-
-    kind: str
-    base: str
-    storage_options: dict[str, Any] | None = field(default=None)
-
-    def uri(self, name: str) -> str:
-        return f"{self.base}/{name}"
+from tests.stores import Store, clear_launcher_variables
 
 
 @pytest.fixture(autouse=True)
 def outside_any_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test process itself is no rank: it loads with ``no_dist`` where it checks a result."""
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+    clear_launcher_variables(monkeypatch)
 
 
 def _remote(server: StorageServer, prefix: str) -> Store:

@@ -16,8 +16,8 @@ from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.runners.local import run_with_retries
 from tests.distributed import ranks
 from tests.distributed.checks import empty_app_state, matches_seed
-from tests.distributed.conftest import Store
 from tests.distributed.programs import full_state
+from tests.stores import Store
 
 
 def test_the_roots_sit_beside_the_attempts_checkpoint_and_the_previous_one() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.distributed import ranks
 from tests.distributed.checks import load_here, seed_of
-from tests.distributed.conftest import Store
+from tests.stores import Store
 
 RANK_POINTS = ["before_write", "mid_write", "after_write"]
 COORDINATOR_POINTS = ["before_write", "mid_write", "before_metadata", "before_pointer", "after_pointer"]

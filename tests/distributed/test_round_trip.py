@@ -8,7 +8,7 @@ import pytest
 
 from tests.distributed import ranks
 from tests.distributed.checks import load_here, matches_seed
-from tests.distributed.conftest import Store
+from tests.stores import Store
 
 
 def _options(store: Store) -> dict[str, object]:

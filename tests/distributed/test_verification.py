@@ -15,8 +15,8 @@ from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointNotFoundEr
 from tests.conftest import damage_in_place
 from tests.distributed import ranks
 from tests.distributed.checks import empty_app_state, load_here, matches_seed
-from tests.distributed.conftest import Store
 from tests.distributed.programs import full_state
+from tests.stores import Store
 
 
 @pytest.fixture(autouse=True)

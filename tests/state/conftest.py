@@ -7,34 +7,20 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.storage_servers import StorageServer, create_bucket
+from tests.stores import Store, clear_launcher_variables
 
 SPAWN = multiprocessing.get_context("spawn")
-
-
-@dataclass(frozen=True)
-class Store:
-    """Where a test keeps its checkpoints: a base URI and the options to reach it."""
-
-    kind: str
-    base: str
-    storage_options: dict[str, Any] | None = field(default=None)
-
-    def uri(self, name: str) -> str:
-        return f"{self.base}/{name}"
 
 
 @pytest.fixture(autouse=True)
 def outside_any_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests start as rank 0 of 1, whatever launcher variables the shell running them has set."""
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+    clear_launcher_variables(monkeypatch)
 
 
 def _local(tmp_path: Path) -> Store:

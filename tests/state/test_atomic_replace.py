@@ -24,8 +24,9 @@ import pytest
 from flyte_checkpoint.state import load_checkpoint, save_checkpoint
 from flyte_checkpoint.state.layout import MANIFEST_NAME, Layout
 from flyte_checkpoint.state.pointer import read_pointer
-from tests.state.conftest import SPAWN, Store
+from tests.state.conftest import SPAWN
 from tests.state.workers import Controller, Unit, generation_unit, saver_fork_server
+from tests.stores import Store
 
 # At least 20 kill points on local disk and S3; fewer parts on the object stores, where every
 # request goes to an emulator sharing the same two cores. Many parts make the save slow enough to

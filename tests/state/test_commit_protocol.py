@@ -13,8 +13,8 @@ from flyte_checkpoint import (
     InvalidCheckpointInputError,
 )
 from flyte_checkpoint.state import begin, commit, read_part, save_checkpoint, write_part
-from tests.state.conftest import Store
 from tests.state.workers import Unit
+from tests.stores import Store
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from flyte_checkpoint import CheckpointError, InvalidCheckpointInputError
 from flyte_checkpoint.state import CheckpointManager, PartAck, StateCheckpoint
 from flyte_checkpoint.state.layout import Layout
 from flyte_checkpoint.state.pointer import read_pointer
-from tests.state.conftest import Store
 from tests.state.workers import Controller, Notes, Unit
+from tests.stores import Store
 
 WORLD_SIZE = 3
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint.state import load_checkpoint, save_checkpoint
-from tests.state.conftest import Store
 from tests.state.workers import Controller, Unit
+from tests.stores import Store
 
 UNITS = 3
 

@@ -9,8 +9,8 @@ import pytest
 from flyte_checkpoint import CheckpointCorruptError, InvalidCheckpointInputError
 from flyte_checkpoint.state import CheckpointManager, Manifest, write_part
 from flyte_checkpoint.state.layout import Layout
-from tests.state.conftest import Store
 from tests.state.workers import Controller, Unit
+from tests.stores import Store
 
 
 def manager(store: Store, keep_last: int | None = None) -> CheckpointManager:

@@ -22,8 +22,9 @@ from flyte_checkpoint.state import (
 )
 from flyte_checkpoint.state.layout import Layout
 from flyte_checkpoint.state.pointer import read_pointer
-from tests.state.conftest import SPAWN, Store
+from tests.state.conftest import SPAWN
 from tests.state.workers import Controller, Unit, rank_loads_part, rank_writes_part
+from tests.stores import Store
 
 WORLD_SIZE = 4
 # Generous, so that "promptly" below is measured against something much larger.

@@ -24,8 +24,8 @@ from flyte_checkpoint.state import (
     write_part,
 )
 from flyte_checkpoint.storage import backend_for
-from tests.state.conftest import Store
 from tests.state.workers import Controller, Notes, Unit
+from tests.stores import Store
 
 
 def saved_units() -> list[Unit]:

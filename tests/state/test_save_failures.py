@@ -20,8 +20,8 @@ from flyte_checkpoint.state.layout import Layout
 from flyte_checkpoint.state.objects import Written, write_object
 from flyte_checkpoint.state.pointer import read_pointer
 from flyte_checkpoint.storage import Backend
-from tests.state.conftest import Store
 from tests.state.workers import Unit
+from tests.stores import Store
 
 
 class RaisingUnit(Unit):

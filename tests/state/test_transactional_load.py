@@ -13,7 +13,6 @@ import pytest
 from flyte_checkpoint import CheckpointCorruptError, CheckpointError
 from flyte_checkpoint.state import Manifest, load_checkpoint, objects, restore, save_checkpoint
 from flyte_checkpoint.state.layout import Layout
-from tests.state.conftest import Store
 from tests.state.workers import (
     AlwaysBroken,
     BrokenOnLoad,
@@ -22,6 +21,7 @@ from tests.state.workers import (
     UndecodableValue,
     Unit,
 )
+from tests.stores import Store
 
 
 def snapshot(controller: Controller, parts: list[Any]) -> list[Any]:
