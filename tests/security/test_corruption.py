@@ -210,14 +210,19 @@ def test_the_undamaged_object_loads_with_and_without_its_record(saved: Saved, lo
 # ---------------------------------------------------------------------------------------------
 
 
-def test_without_the_digest_only_content_free_or_unrecognisable_header_bytes_go_undetected(
-    saved: Saved, load: Loader
-) -> None:
+def test_without_the_digest_no_inverted_byte_loads_a_different_tree(saved: Saved, load: Loader) -> None:
+    """Undetected are the gzip header's content-free bytes and its magic (the object is then a
+    payload, by the spec's rule) and, in some streams, a byte of a Huffman table that only
+    changes codes the stream never uses, so it decodes to the same bytes. Nothing undetected
+    ever restores a tree that differs from what was saved."""
     positions = flip_positions(len(saved.data))
     outcomes = {p: load(inverted(saved.data, p), {}) for p in positions}
     missed = {p for p, outcome in outcomes.items() if outcome.error is None}
     report("inverted byte, no digest", len(positions), len(positions) - len(missed))
-    assert missed == GZIP_CONTENT_FREE | GZIP_MAGIC
+    assert GZIP_CONTENT_FREE | GZIP_MAGIC <= missed
+    expected = tree_of(saved.directory)
+    changed = {p for p in missed - GZIP_MAGIC if outcomes[p].restored != expected}
+    assert not changed, f"inverted bytes at {sorted(changed)} loaded a different tree without an error"
 
 
 def test_without_the_digest_damage_to_gzip_mtime_xfl_or_os_restores_the_same_tree(
