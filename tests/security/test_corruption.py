@@ -219,7 +219,7 @@ def test_without_the_digest_no_inverted_byte_loads_a_different_tree(saved: Saved
     outcomes = {p: load(inverted(saved.data, p), {}) for p in positions}
     missed = {p for p, outcome in outcomes.items() if outcome.error is None}
     report("inverted byte, no digest", len(positions), len(positions) - len(missed))
-    assert GZIP_CONTENT_FREE | GZIP_MAGIC <= missed
+    assert missed >= GZIP_CONTENT_FREE | GZIP_MAGIC
     expected = tree_of(saved.directory)
     changed = {p for p in missed - GZIP_MAGIC if outcomes[p].restored != expected}
     assert not changed, f"inverted bytes at {sorted(changed)} loaded a different tree without an error"
