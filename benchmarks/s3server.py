@@ -2,7 +2,9 @@
 
 s3rver (npm, ``benchmarks/s3rver/package.json``) stores each object as a file and streams a
 ranged GET from it, so a range costs what it transfers; ``serve.js`` adds the If-Match check on
-GET that s3rver lacks. moto stays for the test suite, where correctness matters and speed does
+GET that s3rver lacks. Its data lives on tmpfs (``/dev/shm``) where the machine has one, so
+CompleteMultipartUpload, which copies every part into the final file, is a memory copy as on a
+store that commits by reference rather than a disk copy no real S3 makes. moto stays for the test suite, where correctness matters and speed does
 not: it re-reads the whole object for every ranged GET.
 
 ``install_s3rver()`` runs ``npm ci`` in ``benchmarks/s3rver`` (only the benchmark needs it).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import shutil
 import socket
 import subprocess
@@ -29,6 +32,7 @@ S3RVER_BIN = S3RVER_DIR / "node_modules" / "s3rver"
 S3RVER_KEY = "S3RVER"  # s3rver's built-in account
 REGION = "us-east-1"
 START_TIMEOUT_S = 30.0
+TMPFS = Path("/dev/shm")
 
 
 class ServerError(RuntimeError):
@@ -90,8 +94,14 @@ def install_s3rver() -> None:
         raise ServerError(f"npm ci in {S3RVER_DIR} failed:\n{done.stderr[-2000:]}")
 
 
+def _data_directory() -> Path:
+    """A fresh directory on tmpfs if there is one, else in the default temporary directory."""
+    on_tmpfs = TMPFS.is_dir() and os.access(TMPFS, os.W_OK)
+    return Path(tempfile.mkdtemp(prefix="s3rver-", dir=TMPFS if on_tmpfs else None))
+
+
 def start_s3rver(bucket: str, install: bool = False) -> S3Server:
-    """s3rver on a free port with ``bucket`` created, data in a temporary directory."""
+    """s3rver on a free port with ``bucket`` created, data in a temporary directory on tmpfs."""
     if not s3rver_installed():
         if not install:
             raise ServerError(f"s3rver is not installed: run with --install-server (npm ci in {S3RVER_DIR})")
@@ -99,7 +109,7 @@ def start_s3rver(bucket: str, install: bool = False) -> S3Server:
     node = shutil.which("node")
     if node is None:
         raise ServerError("node is not on PATH: install Node.js (Debian: apt-get install nodejs)")
-    data = Path(tempfile.mkdtemp(prefix="s3rver-"))
+    data = _data_directory()
     log = data.with_name(data.name + ".log")
     port = free_port()
     with open(log, "wb") as out:
