@@ -3,8 +3,9 @@
 s3rver (npm, ``benchmarks/s3rver/package.json``) stores each object as a file and streams a
 ranged GET from it, so a range costs what it transfers; ``serve.js`` adds the If-Match check on
 GET that s3rver lacks. Its data lives on tmpfs (``/dev/shm``) where the machine has one, so
-CompleteMultipartUpload, which copies every part into the final file, is a memory copy as on a
-store that commits by reference rather than a disk copy no real S3 makes. moto stays for the test suite, where correctness matters and speed does
+no disk is involved when CompleteMultipartUpload reads the parts back into the final file (a
+copy real S3 does not make; its remaining cost is s3rver hashing and streaming them in Node.js,
+see benchmarks/README.md). moto stays for the test suite, where correctness matters and speed does
 not: it re-reads the whole object for every ranged GET.
 
 ``install_s3rver()`` runs ``npm ci`` in ``benchmarks/s3rver`` (only the benchmark needs it).
