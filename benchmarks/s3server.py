@@ -2,7 +2,10 @@
 
 s3rver (npm, ``benchmarks/s3rver/package.json``) stores each object as a file and streams a
 ranged GET from it, so a range costs what it transfers; ``serve.js`` adds the If-Match check on
-GET that s3rver lacks. moto stays for the test suite, where correctness matters and speed does
+GET that s3rver lacks. Its data lives on tmpfs (``/dev/shm``) where the machine has one, so
+no disk is involved when CompleteMultipartUpload reads the parts back into the final file (a
+copy real S3 does not make; its remaining cost is s3rver hashing and streaming them in Node.js,
+see benchmarks/README.md). moto stays for the test suite, where correctness matters and speed does
 not: it re-reads the whole object for every ranged GET.
 
 ``install_s3rver()`` runs ``npm ci`` in ``benchmarks/s3rver`` (only the benchmark needs it).
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import shutil
 import socket
 import subprocess
@@ -29,6 +33,7 @@ S3RVER_BIN = S3RVER_DIR / "node_modules" / "s3rver"
 S3RVER_KEY = "S3RVER"  # s3rver's built-in account
 REGION = "us-east-1"
 START_TIMEOUT_S = 30.0
+TMPFS = Path("/dev/shm")
 
 
 class ServerError(RuntimeError):
@@ -90,8 +95,14 @@ def install_s3rver() -> None:
         raise ServerError(f"npm ci in {S3RVER_DIR} failed:\n{done.stderr[-2000:]}")
 
 
+def _data_directory() -> Path:
+    """A fresh directory on tmpfs if there is one, else in the default temporary directory."""
+    on_tmpfs = TMPFS.is_dir() and os.access(TMPFS, os.W_OK)
+    return Path(tempfile.mkdtemp(prefix="s3rver-", dir=TMPFS if on_tmpfs else None))
+
+
 def start_s3rver(bucket: str, install: bool = False) -> S3Server:
-    """s3rver on a free port with ``bucket`` created, data in a temporary directory."""
+    """s3rver on a free port with ``bucket`` created, data in a temporary directory on tmpfs."""
     if not s3rver_installed():
         if not install:
             raise ServerError(f"s3rver is not installed: run with --install-server (npm ci in {S3RVER_DIR})")
@@ -99,7 +110,7 @@ def start_s3rver(bucket: str, install: bool = False) -> S3Server:
     node = shutil.which("node")
     if node is None:
         raise ServerError("node is not on PATH: install Node.js (Debian: apt-get install nodejs)")
-    data = Path(tempfile.mkdtemp(prefix="s3rver-"))
+    data = _data_directory()
     log = data.with_name(data.name + ".log")
     port = free_port()
     with open(log, "wb") as out:
