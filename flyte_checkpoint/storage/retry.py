@@ -5,22 +5,24 @@ The retry budget, and where it lives. Retries happen at exactly two layers, each
 1. **One request**, inside the store's client: :data:`REQUEST_ATTEMPTS` tries of one HTTP
    request -- botocore's ``max_attempts`` (standard mode), Azure's ``retry_total``
    (``REQUEST_ATTEMPTS - 1`` retries). This layer retries without re-sending what a multipart
-   upload already sent. gcsfs retries with a fixed policy of its own that it offers no switch
-   for; it is the one exception.
+   upload already sent. gcsfs retries its own calls (info, listings, deletes) with a fixed
+   policy it offers no switch for; that is one exception.
 
-   Parallel transfers (:mod:`.parallel`, S3 saves and loads) add nothing to this count: a part
-   or range whose request the client already retried fails at once
-   (:func:`~.parallel.mark_retried_by_client`). Their ``part_attempts`` (storage option, default
-   :data:`REQUEST_ATTEMPTS`) covers only what the client cannot retry: a response body that
-   broke off mid-way is reopened where it stopped (botocore does not retry a body once it is
-   streaming), at most ``part_attempts`` times per range. One failing part is thus tried
-   :data:`REQUEST_ATTEMPTS` times per transfer attempt, as a single-stream upload's request was.
+   Parallel transfers (:mod:`.parallel`: the saves and loads of every object store) retry each
+   part or range on its own, ``part_attempts`` times (storage option, default
+   :data:`REQUEST_ATTEMPTS`). On S3 they add nothing to the client's count: a request botocore
+   already retried fails at once (:func:`~.parallel.mark_retried_by_client`), so
+   ``part_attempts`` covers only a response body that broke off mid-way (botocore does not retry
+   a body once it is streaming). GCS part and range requests bypass gcsfs's loop, so
+   ``part_attempts`` is their only per-request layer. Azure's are not marked yet: its SDK's
+   ``retry_total`` applies under ``part_attempts``, so a failing Azure part request may be tried
+   up to ``part_attempts x REQUEST_ATTEMPTS`` times per transfer attempt -- the other exception.
 2. **One transfer**, in :mod:`flyte_checkpoint.transfer`: :class:`RetryPolicy` around a whole
    save or load, the only layer that can start a stream over (an upload cannot be resumed, a
    load whose object was replaced must be read again from its start).
 
 Nothing else retries: s3fs's own retry loop, which repeats botocore's, is off (its ``retries``
-is 1 unless a caller sets it). So a failing operation makes at most ``RetryPolicy.attempts x
+is 1 unless a caller sets it). So a failing S3 operation makes at most ``RetryPolicy.attempts x
 REQUEST_ATTEMPTS`` tries of the failing request (15 with the defaults), each bounded by the
 store's connect and read timeouts, with at most ``RetryPolicy.max_total_delay()`` seconds of
 back-off between transfers. Each transfer attempt is also bounded as a whole by its deadline
