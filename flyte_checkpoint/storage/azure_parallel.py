@@ -30,13 +30,26 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from flyte_checkpoint.errors import CheckpointUnavailableError
 from flyte_checkpoint.storage.base import ObjectInfo
 from flyte_checkpoint.storage.fsspec_store import our_metadata
-from flyte_checkpoint.storage.parallel import ObjectReplacedError, RangeBody
+from flyte_checkpoint.storage.parallel import ObjectReplacedError, RangeBody, mark_retried_by_client
+
+T = TypeVar("T")
+
+
+async def _retried_by_the_sdk(request: Awaitable[T]) -> T:
+    """``request``'s result; a failure is marked as already retried by the SDK (its
+    ``retry_total``), so the part layer does not repeat it (see :mod:`.retry`)."""
+    try:
+        return await request
+    except Exception as exc:
+        mark_retried_by_client(exc)
+        raise
+
 
 MAX_BLOCKS = 50_000
 """Azure's cap on committed blocks per blob."""
@@ -102,8 +115,10 @@ class AzureBlob:
     async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
         # One Put Blob publishes the blob atomically (and discards stale uncommitted blocks).
         # The SDK takes bytes or a stream; the copy is of less than one part.
-        await self._blob_client().upload_blob(
-            bytes(body), length=len(body), overwrite=True, metadata=dict(metadata), max_concurrency=1
+        await _retried_by_the_sdk(
+            self._blob_client().upload_blob(
+                bytes(body), length=len(body), overwrite=True, metadata=dict(metadata), max_concurrency=1
+            )
         )
 
     async def create(self, metadata: Mapping[str, str]) -> str:
@@ -115,7 +130,9 @@ class AzureBlob:
 
         block_id = f"{upload_id}{number:08d}"
         # A file-like body goes out in chunks, not as a copy of the part (see s3_parallel).
-        await self._blob_client().stage_block(block_id, _PartBody(body), length=len(body))
+        await _retried_by_the_sdk(
+            self._blob_client().stage_block(block_id, _PartBody(body), length=len(body))
+        )
         return block_id
 
     async def complete(
@@ -166,7 +183,7 @@ class AzureBlob:
             options["modified_access_conditions"] = ModifiedAccessConditions(if_match=etag)
         if self._version_id:
             options["version_id"] = self._version_id
-        headers, body = await self._blob_client()._client.blob.download(**options)
+        headers, body = await _retried_by_the_sdk(self._blob_client()._client.blob.download(**options))
         return headers, body
 
     async def open(self, length: int) -> tuple[ObjectInfo, RangeBody] | None:

@@ -6,17 +6,15 @@ The retry budget, and where it lives. Retries happen at exactly two layers, each
    request -- botocore's ``max_attempts`` (standard mode), Azure's ``retry_total``
    (``REQUEST_ATTEMPTS - 1`` retries). This layer retries without re-sending what a multipart
    upload already sent. gcsfs retries its own calls (info, listings, deletes) with a fixed
-   policy it offers no switch for; that is one exception.
+   policy it offers no switch for; that is the one exception.
 
    Parallel transfers (:mod:`.parallel`: the saves and loads of every object store) retry each
    part or range on its own, ``part_attempts`` times (storage option, default
-   :data:`REQUEST_ATTEMPTS`). On S3 they add nothing to the client's count: a request botocore
-   already retried fails at once (:func:`~.parallel.mark_retried_by_client`), so
-   ``part_attempts`` covers only a response body that broke off mid-way (botocore does not retry
-   a body once it is streaming). GCS part and range requests bypass gcsfs's loop, so
-   ``part_attempts`` is their only per-request layer. Azure's are not marked yet: its SDK's
-   ``retry_total`` applies under ``part_attempts``, so a failing Azure part request may be tried
-   up to ``part_attempts x REQUEST_ATTEMPTS`` times per transfer attempt -- the other exception.
+   :data:`REQUEST_ATTEMPTS`). On S3 and Azure they add nothing to the client's count: a request
+   botocore or the Azure SDK already retried fails at once
+   (:func:`~.parallel.mark_retried_by_client`), so ``part_attempts`` covers only a response
+   body that broke off mid-way (neither client retries a body once it is streaming). GCS part
+   and range requests bypass gcsfs's loop, so ``part_attempts`` is their only per-request layer.
 2. **One transfer**, in :mod:`flyte_checkpoint.transfer`: :class:`RetryPolicy` around a whole
    save or load, the only layer that can start a stream over (an upload cannot be resumed, a
    load whose object was replaced must be read again from its start).
