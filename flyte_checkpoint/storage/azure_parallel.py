@@ -36,7 +36,7 @@ from typing import Any, TypeVar, cast
 from flyte_checkpoint.errors import CheckpointUnavailableError
 from flyte_checkpoint.storage.base import ObjectInfo
 from flyte_checkpoint.storage.fsspec_store import our_metadata
-from flyte_checkpoint.storage.parallel import ObjectReplacedError, RangeBody, mark_retried_by_client
+from flyte_checkpoint.storage.parallel import ObjectReplacedError, PartBody, RangeBody, mark_retried_by_client
 
 T = TypeVar("T")
 
@@ -125,14 +125,10 @@ class AzureBlob:
         # Nothing to start on the server: blocks are staged against the blob's name.
         return uuid.uuid4().hex[:24]
 
-    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
-        from flyte_checkpoint.storage.s3_parallel import _PartBody
-
+    async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
         block_id = f"{upload_id}{number:08d}"
-        # A file-like body goes out in chunks, not as a copy of the part (see s3_parallel).
-        await _retried_by_the_sdk(
-            self._blob_client().stage_block(block_id, _PartBody(body), length=len(body))
-        )
+        # A file-like body goes out in chunks, not as a copy of the part (see PartBody).
+        await _retried_by_the_sdk(self._blob_client().stage_block(block_id, body, length=len(body)))
         return block_id
 
     async def complete(

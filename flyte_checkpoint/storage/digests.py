@@ -18,12 +18,19 @@ from typing import Protocol
 from flyte_checkpoint.errors import CheckpointCorruptError
 
 _crc32: Callable[[bytes | bytearray | memoryview, int], int]
+_crc32_combine: Callable[[int, int, int], int] | None
 try:  # python-isal's CRC32 is 3-4x faster than zlib's; same polynomial, same values.
     from isal.isal_zlib import crc32 as _crc32
+    from isal.isal_zlib import crc32_combine as _crc32_combine
 except ImportError:  # pragma: no cover - exercised only where isal has no wheel
-    _crc32 = zlib.crc32
+    _crc32, _crc32_combine = zlib.crc32, None
 
 DEFAULT_ALGORITHM = "crc32"
+
+
+def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """The CRC32 of ``data``, continuing from ``value`` (python-isal's where installed)."""
+    return _crc32(data, value)
 
 
 class _Hasher(Protocol):
@@ -34,13 +41,13 @@ class _Hasher(Protocol):
 
 class _Crc32:
     def __init__(self) -> None:
-        self._value = 0
+        self.value = 0
 
     def update(self, data: bytes | bytearray | memoryview, /) -> None:
-        self._value = _crc32(data, self._value)
+        self.value = _crc32(data, self.value)
 
     def hexdigest(self) -> str:
-        return f"{self._value:08x}"
+        return f"{self.value:08x}"
 
 
 _ALGORITHMS: dict[str, Callable[[], _Hasher]] = {"crc32": _Crc32, "sha256": hashlib.sha256}
@@ -75,6 +82,18 @@ class ContentDigest:
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         self._hasher.update(data)
+
+    @property
+    def joinable(self) -> bool:
+        """Whether pieces digested apart can be joined into this digest (:meth:`join_crc32`)."""
+        return isinstance(self._hasher, _Crc32) and _crc32_combine is not None
+
+    def join_crc32(self, crc: int, length: int) -> None:
+        """Extend the digest by ``length`` bytes whose CRC32 is ``crc``, as if they were given
+        to :meth:`update` (only where :attr:`joinable`)."""
+        if not isinstance(self._hasher, _Crc32) or _crc32_combine is None:
+            raise TypeError(f"a {self.algorithm} digest cannot be joined from CRC32s")
+        self._hasher.value = _crc32_combine(self._hasher.value, crc, length)
 
     @property
     def value(self) -> str:

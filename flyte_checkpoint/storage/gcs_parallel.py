@@ -41,7 +41,7 @@ from urllib.parse import quote
 
 from flyte_checkpoint.storage.base import ObjectInfo
 from flyte_checkpoint.storage.fsspec_store import our_metadata
-from flyte_checkpoint.storage.parallel import ObjectReplacedError, RangeBody
+from flyte_checkpoint.storage.parallel import ObjectReplacedError, PartBody, RangeBody
 
 logger = logging.getLogger("flyte_checkpoint")
 T = TypeVar("T")
@@ -197,13 +197,9 @@ class GCSObject:
         # Nothing to start on the server: parts are objects named after the upload.
         return uuid.uuid4().hex
 
-    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
-        from flyte_checkpoint.storage.s3_parallel import _PartBody
-
-        # A file-like body goes out in chunks, not as a copy of the part (see s3_parallel).
-        request = asyncio.ensure_future(
-            self._upload(f"{self._parts_prefix(upload_id)}{number:05d}", _PartBody(body))
-        )
+    async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
+        # A file-like body goes out in chunks, not as a copy of the part (see PartBody).
+        request = asyncio.ensure_future(self._upload(f"{self._parts_prefix(upload_id)}{number:05d}", body))
         self._part_requests.add(request)
         request.add_done_callback(self._part_request_done)
         # Shielded: a part whose request is cancelled (an abort) may still be stored by the

@@ -9,7 +9,9 @@ the pool is full.
 Memory is a function of the settings, not of the object: an upload holds at most
 ``max_concurrency + 1`` buffers of ``part_size`` (one being filled, the rest in flight), a
 download ``max_concurrency`` buffers of ``part_size`` (see :func:`transfer_memory`). Buffers are
-allocated once per transfer and reused; parts go out as memoryviews of them.
+allocated once per transfer and reused; parts go out as memoryviews of them. A regular file is
+uploaded without part buffers: each part is read from the file as it is sent, so its
+``file_concurrency`` parts in flight cost one read chunk each (:meth:`ParallelWriter.write_from`).
 
 Atomicity: an upload becomes visible only when the store completes it (S3:
 CompleteMultipartUpload, or the single PutObject of an object smaller than one part), which
@@ -27,6 +29,8 @@ import concurrent.futures
 import contextlib
 import io
 import logging
+import os
+import stat
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,10 +38,18 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flyte_checkpoint.errors import CheckpointStorageError, CheckpointUnavailableError
+from flyte_checkpoint.errors import CheckpointStorageError, CheckpointUnavailableError, InputChangedError
 from flyte_checkpoint.progress import ProgressReporter
-from flyte_checkpoint.storage.base import DIGEST_KEY, SIZE_KEY, ObjectInfo, ObjectWriter
+from flyte_checkpoint.storage.base import (
+    COPY_CHUNK,
+    DIGEST_KEY,
+    SIZE_KEY,
+    ObjectInfo,
+    ObjectWriter,
+    ReadsInto,
+)
 from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.digests import crc32
 from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
 from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
 from flyte_checkpoint.uris import scheme_of
@@ -68,6 +80,10 @@ class TransferSettings(BaseModel):
     part_size: int = Field(default=8 * _MiB, ge=_MiB)
     """Bytes per upload part and per download range (storage option ``part_size``). Uploads of
     more than ``part_size`` times the store's part limit use larger parts, and fewer of them in flight."""
+    file_concurrency: int = Field(default=32, ge=1, le=256)
+    """Upload parts in flight at once when a regular file is saved (storage option
+    ``file_concurrency``). They are read from the file while they are sent and hold no buffer,
+    so more of them cost connections, not memory (one read chunk and the socket's buffers each)."""
     part_attempts: int = Field(default=REQUEST_ATTEMPTS, ge=1)
     """Tries of one part or range, the first included, for failures the store's client did not
     retry itself: a response body cut off mid-way (resumed where it stopped) or an error raised
@@ -85,6 +101,7 @@ class TransferSettings(BaseModel):
 
     OPTIONS: ClassVar[tuple[str, ...]] = (
         "part_size",
+        "file_concurrency",
         "part_attempts",
         "transfer_timeout",
         "stale_upload_age",
@@ -115,7 +132,8 @@ class TransferSettings(BaseModel):
 def transfer_memory(settings: TransferSettings) -> int:
     """Bytes of buffers one save or load holds at most: ``(max_concurrency + 1) * part_size``.
 
-    An upload fills one buffer while the others are in flight; a download uses one fewer. The
+    An upload fills one buffer while the others are in flight; a download uses one fewer; the
+    save of a regular file holds none (its parts are read from the file as they are sent). The
     process adds its own baseline (interpreter, client libraries) and the HTTP library's socket
     buffers, about 0.5 MiB per connection.
     """
@@ -126,6 +144,108 @@ def part_size_for(settings: TransferSettings, max_parts: int, expected: int | No
     """The part size for an upload of ``expected`` bytes (``None``: unknown, ``sent`` so far)."""
     wanted = -(-expected // max_parts) if expected is not None else sent // _PART_GROWTH
     return max(settings.part_size, -(-wanted // _MiB) * _MiB)
+
+
+class PartBody(io.RawIOBase):
+    """One upload part as a read-only, seekable file: what botocore, aiohttp and the Azure SDK stream.
+
+    Given ``bytes``, aiohttp on Python < 3.12.9 joins the headers and the whole body into one
+    new ``bytes`` and the event loop's transport copies what the socket does not take at once:
+    two more copies of every part. A file-like body is sent in reads of a few hundred KiB, so a
+    part in flight costs its source and one chunk.
+
+    The body keeps the CRC32 of the last pass that read it from its start to its end: the bytes
+    that went out (clients may read a body more than once, to sign it, say, and seek back).
+    """
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self._length = length
+        self._position = 0
+        self._crc = 0
+        self._crc_end = 0
+        """How far the current pass from the start has been read (and digested) contiguously."""
+
+    def __len__(self) -> int:
+        return self._length
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._length}[whence]
+        self._position = max(0, base + offset)
+        if self._position == 0:
+            self._crc = self._crc_end = 0  # a new pass
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        with memoryview(buffer) as given, given.cast("B") as target:
+            wanted = max(0, min(len(target), self._length - self._position))
+            count = self._fill(self._position, target[:wanted]) if wanted else 0
+            if self._position == self._crc_end:
+                self._crc = crc32(target[:count], self._crc)
+                self._crc_end += count
+        self._position += count
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        remaining = max(0, self._length - self._position)
+        chunk = bytearray(remaining if size is None or size < 0 else min(size, remaining))
+        return bytes(memoryview(chunk)[: self.readinto(chunk)])
+
+    def sent_crc(self) -> int | None:
+        """The CRC32 of the last whole pass over the body; ``None`` if none was completed."""
+        return self._crc if self._crc_end == self._length else None
+
+    def close(self) -> None:
+        # aiohttp closes a payload's file when the request ends; a retry still needs it.
+        pass
+
+    def _fill(self, position: int, target: memoryview) -> int:
+        """Copy the body's bytes from ``position`` into all of ``target``; return the count."""
+        raise NotImplementedError
+
+
+class MemoryPartBody(PartBody):
+    """A part held in a buffer (a memoryview of it)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__(len(view))
+        self._view = view
+
+    def _fill(self, position: int, target: memoryview) -> int:
+        target[:] = self._view[position : position + len(target)]
+        return len(target)
+
+
+class FilePartBody(PartBody):
+    """A range of a regular file, read (``pread``) only as the body is sent."""
+
+    def __init__(self, fd: int, offset: int, length: int, shown_as: str) -> None:
+        super().__init__(length)
+        self._fd = fd
+        self._offset = offset
+        self._shown_as = shown_as
+
+    def _fill(self, position: int, target: memoryview) -> int:
+        filled = 0
+        while filled < len(target):
+            count = os.preadv(self._fd, [target[filled:]], self._offset + position + filled)
+            if not count:
+                raise InputChangedError(
+                    f"{self._shown_as} got shorter while it was being uploaded, so the upload was "
+                    "discarded and the previous checkpoint kept; do not rewrite a file while it is "
+                    "being saved"
+                )
+            filled += count
+        return filled
 
 
 class ObjectReplacedError(CheckpointUnavailableError):
@@ -154,8 +274,8 @@ class UploadTarget(Protocol):
     async def create(self, metadata: Mapping[str, str]) -> str:
         """Start a multipart upload; return its id."""
 
-    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
-        """Send part ``number`` (1-based); return the receipt the completion needs (ETag)."""
+    async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
+        """Send part ``number`` (1-based) from ``body``; return the receipt the completion needs (ETag)."""
 
     async def complete(
         self, upload_id: str, receipts: Sequence[tuple[int, str]], metadata: Mapping[str, str]
@@ -246,7 +366,8 @@ class ParallelWriter(ObjectWriter):
     buffer in flight, ``write()`` blocks until a part finishes (in any order). A failed part is
     retried on its own (``part_attempts``); one that still fails aborts the whole upload, and
     the next ``write()`` or the commit raises its error. Fewer bytes than one part are sent as
-    one PUT at commit, with the final metadata (digest and size included).
+    one PUT at commit, with the final metadata (digest and size included). A regular file
+    given to :meth:`write_from` is sent straight from the file, without buffers.
     """
 
     @classmethod
@@ -310,8 +431,11 @@ class ParallelWriter(ObjectWriter):
         self._current: bytearray | None = None
         self._filled = 0
         self._next_part = 1
-        self._in_flight: dict[concurrent.futures.Future[str], tuple[int, bytearray]] = {}
+        self._in_flight: dict[concurrent.futures.Future[str], tuple[int, bytearray | None, int]] = {}
+        """Each part in flight: its number, its buffer (``None``: sent from a file), its length."""
         self._receipts: dict[int, str] = {}
+        self._acknowledged = 0
+        """Bytes of parts sent from a file that the store has taken: their progress."""
         # Touched only on the store's loop:
         self._created: asyncio.Task[str] | None = None
         self._sweep: asyncio.Task[int] | None = None
@@ -334,6 +458,50 @@ class ParallelWriter(ObjectWriter):
                 self._current[self._filled : self._filled + count] = view[offset : offset + count]
                 self._filled += count
                 offset += count
+
+    def write_from(self, source: ReadsInto, chunk_size: int = COPY_CHUNK) -> int:
+        """Append everything ``source`` holds from its position to its end; return the count.
+
+        A regular file that holds more than one part, given before anything else was written,
+        is sent straight from the file: each part is read from it while it goes out (``pread``,
+        no buffer per part), up to ``file_concurrency`` parts in flight. The object's digest is
+        joined from the CRC32s of the bytes each part actually sent, so a save of a file that
+        changed meanwhile records what was stored (and a declared digest taken earlier no
+        longer matches: :class:`~flyte_checkpoint.errors.InputChangedError`). Progress counts
+        the bytes of the parts the store has taken. Anything else is copied through the part
+        buffers like :meth:`write`.
+        """
+        fd = _regular_file(source)
+        if fd is None or self._size or self._current is not None or not self._digest.joinable:
+            return super().write_from(source, chunk_size)
+        assert isinstance(source, io.IOBase)
+        start, end = source.tell(), os.fstat(fd).st_size
+        part_size = part_size_for(self._settings, self._target.max_parts, end - start, 0)
+        if end - start <= part_size:
+            return super().write_from(source, chunk_size)
+        shown_as = str(getattr(source, "name", self.uri))
+        bodies: list[PartBody] = []
+        for offset in range(start, end, part_size):
+            if self._gate is not None:
+                self._gate.wait()
+            while len(self._in_flight) >= self._settings.file_concurrency:
+                self._harvest(self._deadline.wait_any(list(self._in_flight)))
+            self._raise_failed()
+            bodies.append(FilePartBody(fd, offset, min(part_size, end - offset), shown_as))
+            self._send(self._next_part, bodies[-1], None, offset + len(bodies[-1]))
+        while self._in_flight:
+            self._harvest(self._deadline.wait_any(list(self._in_flight)))
+        for number, body in enumerate(bodies, start=1):  # in order: the digest of the object as stored
+            crc = body.sent_crc()
+            if crc is None:
+                raise CheckpointStorageError(
+                    f"part {number} of the save to {self.uri} was stored, but the store's client "
+                    "did not read it from its start to its end, so its bytes are unknown; the "
+                    "upload was discarded (please report this with the client's version)"
+                )
+            self._count_crc32(crc, len(body))
+        source.seek(end)
+        return end - start
 
     def _buffers_allowed(self) -> int:
         return max(2, min(self._settings.max_concurrency + 1, self._budget // self._part_size))
@@ -358,12 +526,17 @@ class ParallelWriter(ObjectWriter):
     def _harvest(self, done: set[concurrent.futures.Future[str]]) -> None:
         """Collect finished parts: keep their receipts, take back their buffers, raise a failure."""
         for future in done:
-            number, buffer = self._in_flight.pop(future)
-            if len(buffer) == self._part_size:
+            number, buffer, length = self._in_flight.pop(future)
+            if buffer is None:
+                pass  # sent from a file: no buffer to take back
+            elif len(buffer) == self._part_size:
                 self._free.append(buffer)
             else:
                 self._live -= 1  # outgrown (or the small first buffer): let it go
             self._receipts[number] = future.result()  # raises the part's failure
+            if buffer is None and self._progress is not None:
+                self._acknowledged += length
+                self._progress.advance(self._acknowledged)
 
     def _raise_failed(self) -> None:
         failed = {future for future in self._in_flight if future.done() and future.exception() is not None}
@@ -378,13 +551,17 @@ class ParallelWriter(ObjectWriter):
                 f"saving {self.uri} needs more than the store's {self._target.max_parts} parts; "
                 "declare the size up front or raise the storage option part_size"
             )
-        self._next_part += 1
         self._current, self._filled = None, 0
-        self._deadline.allow_for(self._size + length)
-        future = self._deadline.submit(self._send_part(number, memoryview(buffer)[:length]))
-        self._in_flight[future] = (number, buffer)
+        self._send(number, MemoryPartBody(memoryview(buffer)[:length]), buffer, self._size + length)
         if self._expected is None:
             self._part_size = part_size_for(self._settings, self._target.max_parts, None, self._size)
+
+    def _send(self, number: int, body: PartBody, buffer: bytearray | None, end: int) -> None:
+        """Start uploading part ``number`` from ``body``, which ends ``end`` bytes into the object."""
+        self._next_part = number + 1
+        self._deadline.allow_for(end)
+        future = self._deadline.submit(self._send_part(number, body))
+        self._in_flight[future] = (number, buffer, len(body))
 
     def _commit(self) -> None:
         with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
@@ -448,7 +625,7 @@ class ParallelWriter(ObjectWriter):
             logger.warning("could not look for stale uploads to %s: %s", self.uri, exc)
             return 0
 
-    async def _send_part(self, number: int, body: memoryview) -> str:
+    async def _send_part(self, number: int, body: PartBody) -> str:
         self._track()
         upload_id = await self._upload_id()
 
@@ -499,6 +676,17 @@ class ParallelWriter(ObjectWriter):
         )
         if self._sweep is not None:
             await self._sweep
+
+
+def _regular_file(source: object) -> int | None:
+    """The descriptor of ``source`` when it is a seekable regular file, else ``None``."""
+    if not isinstance(source, io.IOBase) or not source.seekable():
+        return None
+    try:
+        fd = source.fileno()
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (OSError, ValueError):
+        return None
 
 
 # -- downloads --------------------------------------------------------------------------------

@@ -5,18 +5,16 @@ each one ``fs.retries`` times on top of botocore's retries and of the per-part b
 :mod:`parallel` keeps. The client still gets s3fs's request defaults (``s3_additional_kwargs``
 such as server-side encryption, requester pays) and its session handling.
 
-Part bodies go out as :class:`_PartBody`, a file-like view of the writer's buffer. Given bytes,
-aiohttp on Python < 3.12.9 joins the headers and the whole body into one new ``bytes`` and the
-event loop's transport copies what the socket does not take at once: two more copies of every
-part. A file-like body is sent in 256 KiB reads, so a part in flight costs its buffer and one
-chunk. botocore adds ``Expect: 100-continue`` to every request with a file-like body, which
-costs a round trip per part before any byte is sent: the handler is removed from the client.
+Parts go out as the file-like :class:`~.parallel.PartBody` the writer hands over (a view of its
+buffer, or a range of the file being saved). botocore adds ``Expect: 100-continue`` to every
+request with a file-like body, which costs a round trip per part before any byte is sent: the
+handler is removed from the client. An object smaller than one part goes out as ``bytes``: one
+write of headers and body, without aiohttp's two thread-pool hops for a file-like payload.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import re
 import threading
 import weakref
@@ -32,6 +30,7 @@ from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
     ParallelReader,
     ParallelWriter,
+    PartBody,
     RangeBody,
     TransferSettings,
     mark_retried_by_client,
@@ -52,49 +51,6 @@ def _no_expect_continue(client: Any) -> None:
 
     client.meta.events.unregister("before-call.s3", add_expect_header)
     _without_expect.add(client)
-
-
-class _PartBody(io.RawIOBase):
-    """A read-only, seekable file over a memoryview: what botocore and aiohttp stream from."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view = view
-        self._position = 0
-
-    def __len__(self) -> int:
-        return len(self._view)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
-        self._position = max(0, base + offset)
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        with memoryview(buffer) as target:
-            count = min(len(target), len(self._view) - self._position)
-            target[:count] = self._view[self._position : self._position + count]
-        self._position += max(count, 0)
-        return max(count, 0)
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._position + size)
-        chunk = bytes(self._view[self._position : end])
-        self._position = max(self._position, end)
-        return chunk
-
-    def close(self) -> None:
-        # aiohttp closes a payload's file when the request ends; a retry still needs it.
-        pass
 
 
 def object_info(uri: str, response: Mapping[str, Any]) -> ObjectInfo:
@@ -153,17 +109,15 @@ class S3Object:
     # uploads
 
     async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
-        # One PutObject publishes the object atomically.
-        await self._call("put_object", Body=_PartBody(body), Metadata=dict(metadata))
+        # One PutObject publishes the object atomically. The copy is of less than one part.
+        await self._call("put_object", Body=bytes(body), Metadata=dict(metadata))
 
     async def create(self, metadata: Mapping[str, str]) -> str:
         response = await self._call("create_multipart_upload", Metadata=dict(metadata))
         return str(response["UploadId"])
 
-    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
-        response = await self._call(
-            "upload_part", UploadId=upload_id, PartNumber=number, Body=_PartBody(body)
-        )
+    async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
+        response = await self._call("upload_part", UploadId=upload_id, PartNumber=number, Body=body)
         return str(response["ETag"])
 
     async def complete(
@@ -297,11 +251,13 @@ def pool_options(settings: TransferSettings) -> dict[str, Any]:
     """s3fs options that give its client one connection per request in flight, and no more.
 
     botocore's pool holds 10 connections by default: more concurrent parts would queue for one,
-    and fewer parts would let the upload's other requests (starting it, the stale-upload sweep)
-    open connections beyond ``max_concurrency``. Merge these into the options the
-    ``S3FileSystem`` is built with (the caller's own ``max_pool_connections`` wins).
+    and a larger pool would let the upload's other requests (starting it, the stale-upload
+    sweep) open connections beyond the parts in flight. The most in flight is
+    ``max_concurrency`` or, for the save of a regular file, ``file_concurrency``. Merge these into
+    the options the ``S3FileSystem`` is built with (the caller's own ``max_pool_connections`` wins).
     """
-    return {"config_kwargs": {"max_pool_connections": settings.max_concurrency}}
+    in_flight = max(settings.max_concurrency, settings.file_concurrency)
+    return {"config_kwargs": {"max_pool_connections": in_flight}}
 
 
 def open_s3_reader(

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flyte_checkpoint.storage.parallel import PartBody
+
 
 @dataclass
 class Wrapped:
@@ -52,7 +54,7 @@ class FaultyTarget(Wrapped):
     async def create(self, metadata: Mapping[str, str]) -> str:
         return str(await self.real.create(metadata))
 
-    async def upload_part(self, upload_id: str, number: int, body: memoryview) -> str:
+    async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
         self.attempts[number] = self.attempts.get(number, 0) + 1
         if self.hold_part_until_done is not None and number == self.hold_part_until_done[0]:
             await self._event(self.hold_part_until_done[1]).wait()

@@ -23,7 +23,7 @@ from flyte_checkpoint import (
 )
 from flyte_checkpoint import archive as archive_module
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object, fsspec_store, parallel
-from flyte_checkpoint.storage.parallel import TransferSettings
+from flyte_checkpoint.storage.parallel import PartBody, TransferSettings
 from flyte_checkpoint.storage.s3_parallel import MAX_PARTS, S3Object
 from tests.conftest import tree_of
 from tests.storage.conftest import Remote
@@ -99,7 +99,7 @@ def test_s3_parts_that_grow_mid_upload_round_trip(
     monkeypatch.setattr(parallel, "_PART_GROWTH", 2)  # parts of half the bytes written so far
     upload_part, parts = S3Object.upload_part, []
 
-    async def recording(self: S3Object, upload_id: str, number: int, body: memoryview) -> str:
+    async def recording(self: S3Object, upload_id: str, number: int, body: PartBody) -> str:
         parts.append(len(body))
         return await upload_part(self, upload_id, number, body)
 

@@ -23,13 +23,17 @@ from flyte_checkpoint.errors import (
     CheckpointPermissionError,
     CheckpointTimeoutError,
     CheckpointUnavailableError,
+    InputChangedError,
 )
-from flyte_checkpoint.storage.base import FORMAT_KEY, ObjectInfo, VerifyingReader
+from flyte_checkpoint.progress import ProgressReporter
+from flyte_checkpoint.storage.base import DIGEST_KEY, FORMAT_KEY, ObjectInfo, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.parallel import (
+    FilePartBody,
     ObjectReplacedError,
     ParallelReader,
     ParallelWriter,
+    PartBody,
     RangeBody,
     TransferSettings,
     mark_retried_by_client,
@@ -457,3 +461,134 @@ def test_parts_queued_before_a_pause_wait_for_the_gate(bucket: Bucket) -> None:
     assert "CreateMultipartUpload" in held
     assert "UploadPart" not in held
     assert stored(bucket, "obj") == data
+
+
+# -- a regular file, sent straight from the file ------------------------------------------------
+
+
+@dataclass
+class FileFaults(FaultyTarget):
+    """The real target, recording each part's body and how many were in flight at once, and
+    running ``before_part[n](path)`` (a rewrite of the file, say) before part ``n`` is sent."""
+
+    before_part: dict[int, Any] = field(default_factory=dict)
+    path: Path | None = None
+    bodies: list[PartBody] = field(default_factory=list)
+    in_flight: int = 0
+    most_in_flight: int = 0
+
+    async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
+        self.bodies.append(body)
+        if number in self.before_part:
+            self.before_part[number](self.path)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.05)  # so that parts overlap
+            return await super().upload_part(upload_id, number, body)
+        finally:
+            self.in_flight -= 1
+
+
+def file_save(target: FaultyTarget, path: Path, settings: TransferSettings = SETTINGS, **kwargs: Any) -> None:
+    with (
+        open(path, "rb") as source,
+        ParallelWriter(target, {FORMAT_KEY: "payload"}, settings, **kwargs) as writer,
+    ):
+        writer.write_from(source)
+
+
+def random_file(tmp_path: Path, size: int) -> Path:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+def test_a_file_save_records_the_digest_of_the_bytes_its_parts_sent(bucket: Bucket, tmp_path: Path) -> None:
+    path = random_file(tmp_path, 2 * PART + 1)
+
+    def rewrite(path: Path) -> None:
+        with open(path, "r+b") as handle:
+            handle.seek(PART)
+            handle.write(b"new bytes")
+
+    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")), before_part={2: rewrite}, path=path)
+    writer = ParallelWriter(target, {}, SETTINGS)  # nothing declared up front, as on Azure
+    with open(path, "rb") as source:
+        writer.write_from(source)
+    info = writer.commit()
+    assert stored(bucket, "obj") == path.read_bytes()
+    assert info.metadata[DIGEST_KEY] == digest_of(path.read_bytes())
+
+
+def test_a_file_larger_than_a_part_is_sent_from_the_file_without_part_buffers(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    path = random_file(tmp_path, 3 * PART + 12345)
+    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")))
+    file_save(target, path)
+    assert [type(body) for body in target.bodies] == [FilePartBody] * 4
+    got, verifying = load(open_s3_reader(bucket.fs, bucket.uri("obj"), SETTINGS))
+    assert got == path.read_bytes()
+    assert verifying.verified
+
+
+def test_file_parts_in_flight_are_bounded_by_file_concurrency(bucket: Bucket, tmp_path: Path) -> None:
+    path = random_file(tmp_path, 6 * PART)
+    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")))
+    file_save(target, path, SETTINGS.model_copy(update={"file_concurrency": 2, "max_concurrency": 1}))
+    assert target.most_in_flight == 2
+    assert stored(bucket, "obj") == path.read_bytes()
+
+
+def test_a_file_rewritten_during_its_upload_fails_the_save_and_keeps_the_old_object(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    save(bucket, "obj", b"old checkpoint")
+    path = random_file(tmp_path, 3 * PART)
+
+    def rewrite(path: Path) -> None:
+        with open(path, "r+b") as handle:
+            handle.seek(PART + 100)
+            handle.write(b"rewritten")
+
+    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")), before_part={2: rewrite}, path=path)
+    data = path.read_bytes()
+    writer = ParallelWriter.opened(
+        target, {}, SETTINGS, metadata_at_start=True, declared_digest=digest_of(data), declared_size=len(data)
+    )
+    with open(path, "rb") as source:
+        writer.write_from(source)
+    with pytest.raises(InputChangedError, match="changed while it was being uploaded"):
+        writer.commit()
+    assert stored(bucket, "obj") == b"old checkpoint"
+    assert bucket.uploads("obj") == []
+
+
+def test_a_file_cut_short_during_its_upload_fails_the_save_and_keeps_the_old_object(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    save(bucket, "obj", b"old checkpoint")
+    path = random_file(tmp_path, 3 * PART)
+    target = FileFaults(
+        S3Object(bucket.fs, bucket.uri("obj")),
+        before_part={3: lambda path: os.truncate(path, PART)},
+        path=path,
+    )
+    with pytest.raises(InputChangedError, match="got shorter"):
+        file_save(target, path)
+    assert stored(bucket, "obj") == b"old checkpoint"
+    assert bucket.uploads("obj") == []
+
+
+def test_a_file_upload_reports_the_bytes_the_store_has_taken(bucket: Bucket, tmp_path: Path) -> None:
+    path = random_file(tmp_path, 4 * PART)
+    reports: list[tuple[int, int | None]] = []
+    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")))
+    file_save(
+        target, path, progress=ProgressReporter(lambda done, total: reports.append((done, total)), 4 * PART)
+    )
+    done = [count for count, _ in reports]
+    assert done == sorted(done)
+    assert set(done) <= {PART, 2 * PART, 3 * PART, 4 * PART}  # whole parts, as the store takes them
+    assert done[-1] == 4 * PART
