@@ -533,6 +533,14 @@ def test_a_file_larger_than_a_part_is_sent_from_the_file_without_part_buffers(
     assert verifying.verified
 
 
+def test_buffered_parts_in_flight_are_bounded_by_max_concurrency(bucket: Bucket) -> None:
+    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")))
+    data = os.urandom(5 * PART)
+    faulty_save(target, data, SETTINGS.model_copy(update={"max_concurrency": 1}))
+    assert target.most_in_flight == 1  # the second buffer is filled meanwhile, not sent
+    assert stored(bucket, "obj") == data
+
+
 def test_file_parts_in_flight_are_bounded_by_file_concurrency(bucket: Bucket, tmp_path: Path) -> None:
     path = random_file(tmp_path, 6 * PART)
     target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")))
