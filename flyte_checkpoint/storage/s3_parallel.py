@@ -135,9 +135,14 @@ class S3Object:
                 raise
 
     async def sweep_stale(self, keep: str, older_than: float) -> int:
-        """Abort the incomplete uploads to this key that killed saves left (not ``keep``)."""
-        cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than)
-        stale: list[str] = []
+        """Abort the incomplete uploads to this key that killed saves left (not ``keep``).
+
+        Ages are read on the store's clock: against the start time the store gave ``keep``
+        (this save's own upload), so a client whose clock runs ahead cannot make another save's
+        running upload look stale. The client's clock is used only if ``keep`` is not listed.
+        """
+        others: list[tuple[str, datetime]] = []
+        started: datetime | None = None
         markers: dict[str, str] = {}
         while True:
             fs = self._fs
@@ -146,16 +151,17 @@ class S3Object:
             page = await client.list_multipart_uploads(Bucket=self._bucket, Prefix=self._key, **markers)
             for upload in page.get("Uploads", []):
                 initiated = upload.get("Initiated")
-                if (
-                    upload.get("Key") == self._key
-                    and upload.get("UploadId") != keep
-                    and isinstance(initiated, datetime)
-                    and initiated <= cutoff
-                ):
-                    stale.append(str(upload["UploadId"]))
+                if upload.get("Key") != self._key or not isinstance(initiated, datetime):
+                    continue
+                if upload.get("UploadId") == keep:
+                    started = initiated
+                else:
+                    others.append((str(upload["UploadId"]), initiated))
             if not page.get("IsTruncated"):
                 break
             markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+        cutoff = (started or datetime.now(timezone.utc)) - timedelta(seconds=older_than)
+        stale = [upload_id for upload_id, initiated in others if initiated <= cutoff]
         for upload_id in stale:
             await self.abort(upload_id)
         return len(stale)

@@ -305,16 +305,13 @@ def test_a_range_cut_off_mid_body_resumes_where_it_stopped(bucket: Bucket) -> No
 # -- stale uploads ------------------------------------------------------------------------------
 
 
-def leftover_upload(bucket: Bucket, key: str) -> tuple[str, float]:
-    """An upload a killed save left behind, and its age in seconds as the server reports it.
+def leftover_upload(bucket: Bucket, key: str) -> str:
+    """An upload a killed save left behind (started just before the save that sweeps).
 
-    (moto reports one fixed start time for every upload, years ago; the ages below are relative
-    to it, so the tests hold on a server with true times too.)
+    Ages are read on the store's clock, relative to the sweeping save's own upload. (moto
+    reports one fixed start time, years ago, for every upload: there the leftover's age is 0.)
     """
-    upload_id = bucket.call("create_multipart_upload", Key=key)["UploadId"]
-    listed = bucket.call("list_multipart_uploads", Prefix=key)["Uploads"]
-    initiated = next(upload["Initiated"] for upload in listed if upload["UploadId"] == upload_id)
-    return upload_id, (datetime.now(timezone.utc) - initiated).total_seconds()
+    return str(bucket.call("create_multipart_upload", Key=key)["UploadId"])
 
 
 def save_in_parts(bucket: Bucket, key: str, settings: TransferSettings) -> None:
@@ -323,21 +320,36 @@ def save_in_parts(bucket: Bucket, key: str, settings: TransferSettings) -> None:
 
 
 def test_a_save_aborts_an_upload_older_than_the_stale_age(bucket: Bucket) -> None:
-    _, age = leftover_upload(bucket, "obj")
-    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": age - 3600}))
+    leftover_upload(bucket, "obj")
+    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": 0}))
     assert bucket.uploads("obj") == []
 
 
 def test_a_save_leaves_an_upload_younger_than_the_stale_age_alone(bucket: Bucket) -> None:
-    recent, age = leftover_upload(bucket, "obj")
-    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": age + 3600}))
+    recent = leftover_upload(bucket, "obj")
+    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": 3600}))
     assert bucket.uploads("obj") == [recent]
     bucket.call("abort_multipart_upload", Key="obj", UploadId=recent)
 
 
+def test_upload_ages_are_read_on_the_stores_clock_not_the_clients(bucket: Bucket) -> None:
+    # moto dates every upload years back: on the client's clock the other save's upload would
+    # look stale and be aborted under it; on the store's clock it started with this one.
+    running = leftover_upload(bucket, "obj")
+    initiated = next(
+        upload["Initiated"]
+        for upload in bucket.call("list_multipart_uploads", Prefix="obj")["Uploads"]
+        if upload["UploadId"] == running
+    )
+    assert (datetime.now(timezone.utc) - initiated).total_seconds() > 3600  # the client's view
+    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": 3600}))
+    assert bucket.uploads("obj") == [running]
+    bucket.call("abort_multipart_upload", Key="obj", UploadId=running)
+
+
 def test_a_save_leaves_uploads_to_other_keys_alone(bucket: Bucket) -> None:
-    other, age = leftover_upload(bucket, "obj-other")
-    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": age - 3600}))
+    other = leftover_upload(bucket, "obj-other")
+    save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": 0}))
     assert bucket.uploads("obj-other") == [other]
     bucket.call("abort_multipart_upload", Key="obj-other", UploadId=other)
 
