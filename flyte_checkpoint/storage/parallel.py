@@ -30,7 +30,6 @@ import contextlib
 import io
 import logging
 import os
-import stat
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from flyte_checkpoint.storage.base import (
 )
 from flyte_checkpoint.storage.deadline import Deadline
 from flyte_checkpoint.storage.digests import crc32
+from flyte_checkpoint.storage.kernel_copy import regular_file_descriptor
 from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
 from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
 from flyte_checkpoint.uris import scheme_of
@@ -153,20 +153,31 @@ class PartBody(io.RawIOBase):
 
     Given ``bytes``, aiohttp on Python < 3.12.9 joins the headers and the whole body into one
     new ``bytes`` and the event loop's transport copies what the socket does not take at once:
-    two more copies of every part. A file-like body is sent in reads of a few hundred KiB, so a
-    part in flight costs its source and one chunk.
+    two more copies of every part. A file-like body is sent in reads of up to 256 KiB, so a
+    part in flight costs its source and one chunk. aiohttp sends from the body's position, so
+    every try of a part starts with :meth:`rewind`.
 
-    The body keeps the CRC32 of the last pass that read it from its start to its end: the bytes
-    that went out (clients may read a body more than once, to sign it, say, and seek back).
+    A body read from a file keeps the CRC32 of its last pass from its start to its end: the
+    bytes that went out (clients may read a body more than once, to sign it, say, and rewind).
+    Reads run on the client's threads; a read that a failed try left running and that ends
+    after the next try began is ignored, so it cannot move the new pass.
     """
+
+    keeps_crc: ClassVar[bool] = False
 
     def __init__(self, length: int) -> None:
         super().__init__()
         self._length = length
+        self._lock = threading.Lock()
+        self._pass = 0
+        """Counts rewinds to the start: a read that began in an earlier pass is ignored."""
         self._position = 0
         self._crc = 0
         self._crc_end = 0
         """How far the current pass from the start has been read (and digested) contiguously."""
+        self.failure: BaseException | None = None
+        """The error a read of the source raised, which the HTTP client may have reported as a
+        connection error; the part layer raises this instead (see :meth:`ParallelWriter._send_part`)."""
 
     def __len__(self) -> int:
         return self._length
@@ -182,35 +193,55 @@ class PartBody(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._length}[whence]
-        self._position = max(0, base + offset)
-        if self._position == 0:
-            self._crc = self._crc_end = 0  # a new pass
-        return self._position
+        with self._lock:
+            self._position = max(0, base + offset)
+            if self._position == 0:
+                self._pass += 1
+                self._crc = self._crc_end = 0
+            return self._position
+
+    def rewind(self) -> None:
+        """Back to the start, for a new try of the part."""
+        self.seek(0)
 
     def readinto(self, buffer: Any) -> int:
+        with self._lock:
+            started, position = self._pass, self._position
         with memoryview(buffer) as given, given.cast("B") as target:
-            wanted = max(0, min(len(target), self._length - self._position))
-            count = self._fill(self._position, target[:wanted]) if wanted else 0
-            self._advance(target[:count])
+            wanted = max(0, min(len(target), self._length - position))
+            count = self._guarded(lambda: self._fill(position, target[:wanted])) if wanted else 0
+            self._advance(started, position, target[:count])
         return count
 
     def read(self, size: int = -1) -> bytes:
-        remaining = max(0, self._length - self._position)
+        with self._lock:
+            started, position = self._pass, self._position
+        remaining = max(0, self._length - position)
         wanted = remaining if size is None or size < 0 else min(size, remaining)
-        chunk = self._take(self._position, wanted) if wanted else b""
-        self._advance(chunk)
+        chunk = self._guarded(lambda: self._take(position, wanted)) if wanted else b""
+        self._advance(started, position, chunk)
         return chunk
 
-    def _advance(self, data: bytes | memoryview) -> None:
-        """Move past ``data``, just read, digesting it if it continues the current pass."""
-        if self._position == self._crc_end:
-            self._crc = crc32(data, self._crc)
-            self._crc_end += len(data)
-        self._position += len(data)
+    def _guarded(self, read: Callable[[], T]) -> T:
+        try:
+            return read()
+        except BaseException as exc:
+            self.failure = exc
+            raise
+
+    def _advance(self, started: int, position: int, data: bytes | memoryview) -> None:
+        """Move past ``data``, read from ``position``, unless a rewind came in between."""
+        with self._lock:
+            if started != self._pass or position != self._position:
+                return  # a read of an earlier try that ended late
+            if self.keeps_crc and position == self._crc_end:
+                self._crc = crc32(data, self._crc)
+                self._crc_end += len(data)
+            self._position += len(data)
 
     def sent_crc(self) -> int | None:
         """The CRC32 of the last whole pass over the body; ``None`` if none was completed."""
-        return self._crc if self._crc_end == self._length else None
+        return self._crc if self.keeps_crc and self._crc_end == self._length else None
 
     def close(self) -> None:
         # aiohttp closes a payload's file when the request ends; a retry still needs it.
@@ -240,26 +271,44 @@ class MemoryPartBody(PartBody):
         return bytes(self._view[position : position + size])
 
 
+class SharedDescriptor:
+    """A duplicate of a file's descriptor, closed when the last part body reading it is gone.
+
+    The caller may close its file as soon as a save fails, while a client thread still reads a
+    part that is being abandoned; a descriptor of our own keeps such a read on the same file
+    (never on whatever file reuses the caller's descriptor number).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = os.dup(fd)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
 class FilePartBody(PartBody):
     """A range of a regular file, read (``pread``) only as the body is sent."""
 
-    def __init__(self, fd: int, offset: int, length: int, shown_as: str) -> None:
+    keeps_crc = True
+
+    def __init__(self, file: SharedDescriptor, offset: int, length: int, shown_as: str) -> None:
         super().__init__(length)
-        self._fd = fd
+        self._file = file
         self._offset = offset
         self._shown_as = shown_as
 
     def _fill(self, position: int, target: memoryview) -> int:
         filled = 0
         while filled < len(target):
-            count = os.preadv(self._fd, [target[filled:]], self._offset + position + filled)
+            count = os.preadv(self._file.fd, [target[filled:]], self._offset + position + filled)
             if not count:
                 raise self._shorter()
             filled += count
         return filled
 
     def _take(self, position: int, size: int) -> bytes:
-        chunk = os.pread(self._fd, size, self._offset + position)
+        chunk = os.pread(self._file.fd, size, self._offset + position)
         if len(chunk) < size:  # at the file's end (it shrank), or a filesystem that reads short
             whole = bytearray(size)
             self._fill(position, memoryview(whole))
@@ -366,8 +415,8 @@ async def _with_retries(policy: RetryPolicy, describe: str, attempt: Callable[[]
     for tries in range(1, policy.attempts + 1):
         try:
             return await attempt()
-        except ObjectReplacedError:
-            raise  # another try reads the same replacement: only a new load helps
+        except (ObjectReplacedError, InputChangedError):
+            raise  # another try meets the same replacement or changed file: nothing to retry
         except Exception as exc:
             retried = getattr(exc, _RETRIED_BY_CLIENT, False)
             if retried or classify(exc) != "transient" or tries == policy.attempts:
@@ -461,6 +510,7 @@ class ParallelWriter(ObjectWriter):
         self._receipts: dict[int, str] = {}
         self._acknowledged = 0
         """Bytes of parts sent from a file that the store has taken: their progress."""
+        self._from_file = False
         # Touched only on the store's loop:
         self._created: asyncio.Task[str] | None = None
         self._sweep: asyncio.Task[int] | None = None
@@ -469,6 +519,8 @@ class ParallelWriter(ObjectWriter):
     # caller's thread
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._from_file and len(data):
+            raise RuntimeError(f"the save to {self.uri} was sent from a file; nothing can be added after it")
         with memoryview(data) as given, given.cast("B") as view:
             offset = 0
             while offset < len(view):
@@ -487,41 +539,45 @@ class ParallelWriter(ObjectWriter):
     def write_from(self, source: ReadsInto, chunk_size: int = COPY_CHUNK) -> int:
         """Append everything ``source`` holds from its position to its end; return the count.
 
-        A regular file that holds more than one part, given before anything else was written,
-        is sent straight from the file: each part is read from it while it goes out (``pread``,
-        no buffer per part), up to ``file_concurrency`` parts in flight. The object's digest is
-        joined from the CRC32s of the bytes each part actually sent, so a save of a file that
-        changed meanwhile records what was stored (and a declared digest taken earlier no
-        longer matches: :class:`~flyte_checkpoint.errors.InputChangedError`). Progress counts
-        the bytes of the parts the store has taken. Anything else is copied through the part
-        buffers like :meth:`write`.
+        A regular file (a file opened for reading) that holds more than one part, given before
+        anything else was written, is sent straight from the file: each part is read from it
+        while it goes out (``pread``, no buffer per part), up to ``file_concurrency`` parts in
+        flight, and nothing may be written after it. The object's digest is joined from the
+        CRC32s of the bytes each part actually sent, so a save of a file that changed meanwhile
+        records what was stored (and a declared digest taken earlier no longer matches:
+        :class:`~flyte_checkpoint.errors.InputChangedError`). Progress counts the bytes of the
+        parts the store has taken. Anything else is copied through the part buffers like
+        :meth:`write`.
         """
-        fd = _regular_file(source)
+        fd = regular_file_descriptor(source)
         if fd is None or self._size or self._current is not None or not self._digest.joinable:
             return super().write_from(source, chunk_size)
-        assert isinstance(source, io.IOBase)
+        assert isinstance(source, io.BufferedReader | io.FileIO)
         start, end = source.tell(), os.fstat(fd).st_size
         part_size = part_size_for(self._settings, self._target.max_parts, end - start, 0)
         if end - start <= part_size:
             return super().write_from(source, chunk_size)
+        self._from_file = True
         shown_as = str(getattr(source, "name", self.uri))
+        file = SharedDescriptor(fd)
         bodies: list[PartBody] = []
-        for offset in range(start, end, part_size):
-            if self._gate is not None:
-                self._gate.wait()
-            self._wait_for_room(self._settings.file_concurrency)
-            self._raise_failed()
-            bodies.append(FilePartBody(fd, offset, min(part_size, end - offset), shown_as))
-            self._send(self._next_part, bodies[-1], None, offset + len(bodies[-1]))
-        while self._in_flight:
-            self._harvest(self._deadline.wait_any(list(self._in_flight)))
+        with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
+            for offset in range(start, end, part_size):
+                if self._gate is not None:
+                    self._gate.wait()
+                self._wait_for_room(self._settings.file_concurrency)
+                self._raise_failed()
+                bodies.append(FilePartBody(file, offset, min(part_size, end - offset), shown_as))
+                self._send(self._next_part, bodies[-1], None, offset - start + len(bodies[-1]))
+            self._wait_for_room(1)
         for number, body in enumerate(bodies, start=1):  # in order: the digest of the object as stored
             crc = body.sent_crc()
             if crc is None:
                 raise CheckpointStorageError(
                     f"part {number} of the save to {self.uri} was stored, but the store's client "
-                    "did not read it from its start to its end, so its bytes are unknown; the "
-                    "upload was discarded (please report this with the client's version)"
+                    "did not read it from its start to its end, so what it sent is not known; the "
+                    "upload was discarded and the previous checkpoint kept. Save the file's bytes "
+                    "instead, and please report this with the client library's version"
                 )
             self._count_crc32(crc, len(body))
         source.seek(end)
@@ -563,9 +619,10 @@ class ParallelWriter(ObjectWriter):
                 self._progress.advance(self._acknowledged)
 
     def _wait_for_room(self, limit: int) -> None:
-        """Block until fewer than ``limit`` parts are in flight."""
-        while len(self._in_flight) >= limit:
-            self._harvest(self._deadline.wait_any(list(self._in_flight)))
+        """Block until fewer than ``limit`` parts are in flight; raise a failed part's error."""
+        with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
+            while len(self._in_flight) >= limit:
+                self._harvest(self._deadline.wait_any(list(self._in_flight)))
 
     def _raise_failed(self) -> None:
         failed = {future for future in self._in_flight if future.done() and future.exception() is not None}
@@ -602,8 +659,7 @@ class ParallelWriter(ObjectWriter):
                 return
             if self._filled:
                 self._send_current()
-            while self._in_flight:
-                self._harvest(self._deadline.wait_any(list(self._in_flight)))
+            self._wait_for_room(1)
             receipts = sorted(self._receipts.items())
             self._deadline.result(self._deadline.submit(self._complete(receipts)))
         self._release()
@@ -661,7 +717,15 @@ class ParallelWriter(ObjectWriter):
 
         async def attempt() -> str:
             await self._gate_open()
-            return await self._target.upload_part(upload_id, number, body)
+            body.rewind()  # the client sends from the body's position; a retry starts over
+            try:
+                return await self._target.upload_part(upload_id, number, body)
+            except Exception as exc:
+                if body.failure is not None:
+                    # Reading the source failed (a file cut short): not the connection error
+                    # the HTTP client made of it, and not worth another try.
+                    raise body.failure from exc
+                raise
 
         return await _with_retries(self._policy, f"uploading part {number} of {self.uri}", attempt)
 
@@ -706,17 +770,6 @@ class ParallelWriter(ObjectWriter):
         )
         if self._sweep is not None:
             await self._sweep
-
-
-def _regular_file(source: object) -> int | None:
-    """The descriptor of ``source`` when it is a seekable regular file, else ``None``."""
-    if not isinstance(source, io.IOBase) or not source.seekable():
-        return None
-    try:
-        fd = source.fileno()
-        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    except (OSError, ValueError):
-        return None
 
 
 # -- downloads --------------------------------------------------------------------------------

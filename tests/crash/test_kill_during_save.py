@@ -189,6 +189,11 @@ def _s3_place(server: StorageServer, kind: str) -> Place:
     # Every earlier incomplete upload to the key is stale at once: each save sweeps the ones
     # the kills before it left, which keeps the emulator's memory flat.
     options = {**server.storage_options, "stale_upload_age": 0}
+    if kind == "file":
+        # A file's save reports progress as the store acknowledges its parts; with its 32
+        # parts in flight they all land together at the end on moto, leaving the kill plan no
+        # milestones mid-upload. One 5 MiB part at a time spreads them over the save.
+        options |= {"file_concurrency": 1, "part_size": 5 * MiB}
     return Place(dest, options, leftovers, dangling_uploads)
 
 

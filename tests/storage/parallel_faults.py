@@ -34,6 +34,8 @@ class FaultyTarget(Wrapped):
     fail_part: int | None = None
     error: BaseException = field(default_factory=lambda: PermissionError("injected"))
     times: int = 1_000_000
+    fail_after_sending: bool = False
+    """Fail ``fail_part`` after the real request sent its body (a reply lost on the way back)."""
     hold_part_until_done: tuple[int, int] | None = None
     fail_complete: bool = False
     fail_abort: bool = False
@@ -58,9 +60,12 @@ class FaultyTarget(Wrapped):
         self.attempts[number] = self.attempts.get(number, 0) + 1
         if self.hold_part_until_done is not None and number == self.hold_part_until_done[0]:
             await self._event(self.hold_part_until_done[1]).wait()
-        if number == self.fail_part and self.attempts[number] <= self.times:
+        failing = number == self.fail_part and self.attempts[number] <= self.times
+        if failing and not self.fail_after_sending:
             raise self.error
         receipt = str(await self.real.upload_part(upload_id, number, body))
+        if failing:
+            raise self.error
         self.finished.append(number)
         self._event(number).set()
         return receipt

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fsspec.asyn import sync
 
-from flyte_checkpoint.errors import CheckpointPermissionError, CheckpointUnavailableError
+from flyte_checkpoint.errors import CheckpointPermissionError, CheckpointUnavailableError, InputChangedError
 from flyte_checkpoint.storage import gcs_parallel
 from flyte_checkpoint.storage.azure import AzureBackend
 from flyte_checkpoint.storage.azure_parallel import BlocksDiscardedError
@@ -30,6 +30,7 @@ from flyte_checkpoint.storage.gcs import GCSBackend
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
     ParallelWriter,
+    PartBody,
     TransferSettings,
     transfer_memory,
 )
@@ -183,6 +184,43 @@ def test_a_transient_part_failure_is_retried_on_its_own(store: Store) -> None:
     faulty_save(store, flaky, data)
     assert store.stored("obj") == data
     assert flaky.attempts == {1: 1, 2: 2, 3: 1}
+
+
+def test_a_part_retried_after_its_body_was_sent_is_sent_again_from_its_start(store: Store) -> None:
+    error = ConnectionResetError("injected: the reply was lost")
+    flaky = target(store, "obj", fail_part=2, error=error, times=1, fail_after_sending=True)
+    data = os.urandom(3 * PART)
+    faulty_save(store, flaky, data)
+    assert store.stored("obj") == data
+    assert flaky.attempts == {1: 1, 2: 2, 3: 1}
+
+
+@dataclass
+class CutShort(FaultyTarget):
+    """The real target; the file being saved is cut to ``PART`` bytes before part 3 is sent."""
+
+    path: Path | None = None
+
+    async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
+        if number == 3 and self.path is not None:
+            os.truncate(self.path, PART)
+        return await super().upload_part(upload_id, number, body)
+
+
+def test_a_file_cut_short_during_its_upload_fails_as_changed_input_not_as_a_lost_connection(
+    store: Store, tmp_path: Path
+) -> None:
+    # The HTTP client reads the body itself here (no signing pass before it) and reports a
+    # failed read as a connection error: the save must still name the real cause, at once.
+    save(store, "obj", b"old checkpoint")
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(4 * PART))
+    cut = CutShort(store.backend.parallel_object(store.uri("obj")), path=path)
+    writer = ParallelWriter(cut, {FORMAT_KEY: "payload"}, store.backend.transfer)
+    with pytest.raises(InputChangedError, match="got shorter"), open(path, "rb") as source, writer:
+        writer.write_from(source)
+    assert store.stored("obj") == b"old checkpoint"
+    assert cut.attempts[3] == 1
 
 
 def test_parts_that_finish_out_of_order_are_completed_in_order(store: Store) -> None:
