@@ -24,7 +24,7 @@ from typing import IO, TypeVar, cast
 
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
-from flyte_checkpoint.errors import CheckpointCorruptError, add_context
+from flyte_checkpoint.errors import CheckpointCorruptError, InputChangedError, add_context
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, human_size
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
 from flyte_checkpoint.storage.base import COPY_CHUNK
@@ -106,7 +106,12 @@ def _save_once(
         return _committed(writer, pack, check_unchanged)
     with translated_os_errors(str(shown_as), "reading"), open(content, "rb") as source:
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, source, progress=progress, gate=gate)
-        return _committed(writer, lambda: writer.write_from(source), check_unchanged)
+        try:
+            return _committed(writer, lambda: writer.write_from(source), check_unchanged)
+        except InputChangedError as exc:
+            if isinstance(shown_as, Path) and shown_as != content:  # it names the private snapshot read
+                add_context(exc, f"{content} is the snapshot of {shown_as} this save was reading")
+            raise
 
 
 def _committed(

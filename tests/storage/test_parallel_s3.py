@@ -25,6 +25,7 @@ from flyte_checkpoint.errors import (
     CheckpointTimeoutError,
     CheckpointUnavailableError,
     InputChangedError,
+    describe_error,
 )
 from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import DIGEST_KEY, FORMAT_KEY, ObjectInfo, VerifyingReader
@@ -43,6 +44,7 @@ from flyte_checkpoint.storage.parallel import (
 )
 from flyte_checkpoint.storage.s3 import S3Backend
 from flyte_checkpoint.storage.s3_parallel import S3Object, open_s3_reader, open_s3_writer
+from flyte_checkpoint.transfer import save_object
 from tests.storage.parallel_faults import FaultyTarget, Wrapped
 from tests.storage_servers import StorageServer, create_bucket
 
@@ -673,3 +675,23 @@ def test_a_file_upload_reports_the_bytes_the_store_has_taken(bucket: Bucket, tmp
     )
     # Whole parts, counted as the store takes them (in any order, so the sums only grow).
     assert [count for count, _ in reports] == [PART, 2 * PART, 3 * PART, 4 * PART]
+
+
+def test_a_snapshot_cut_short_during_its_upload_is_named_with_the_file_it_was_taken_of(
+    bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user_file, snapshot = tmp_path / "weights.bin", tmp_path / "snapshot" / "weights.bin"
+    snapshot.parent.mkdir()
+    snapshot.write_bytes(os.urandom(3 * PART))
+    upload_part = S3Object.upload_part
+
+    async def cutting(self: S3Object, upload_id: str, number: int, body: PartBody) -> str:
+        if number == 3:
+            os.truncate(snapshot, PART)
+        return await upload_part(self, upload_id, number, body)
+
+    monkeypatch.setattr(S3Object, "upload_part", cutting)
+    backend = S3Backend({**bucket.server.storage_options, "part_size": PART})
+    with pytest.raises(InputChangedError) as raised:
+        save_object(backend, bucket.uri("obj"), snapshot, shown_as=user_file)
+    assert f"the snapshot of {user_file}" in describe_error(raised.value)
