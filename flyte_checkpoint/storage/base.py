@@ -124,14 +124,10 @@ class ObjectWriter(abc.ABC):
 
     def _account(self, data: bytes | bytearray | memoryview) -> None:
         """Count ``data`` as written: digest, size, progress."""
-        self._count(data)
-        if self._progress is not None:
-            self._progress.advance(self._size)
-
-    def _count(self, data: bytes | bytearray | memoryview) -> None:
-        """Count ``data`` in the object's digest and size (progress is reported separately)."""
         self._digest.update(data)
         self._size += len(data)
+        if self._progress is not None:
+            self._progress.advance(self._size)
 
     def _count_crc32(self, crc: int, length: int) -> None:
         """Count ``length`` bytes digested elsewhere as ``crc`` (see :attr:`ContentDigest.joinable`)."""
