@@ -4,7 +4,7 @@ to produce on cue): shared by the parallel-transfer tests of every store."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,8 @@ class FaultyTarget(Wrapped):
     fail_part: int | None = None
     error: BaseException = field(default_factory=lambda: PermissionError("injected"))
     times: int = 1_000_000
+    before_part: dict[int, Callable[[], object]] = field(default_factory=dict)
+    """Run ``before_part[n]()`` (a rewrite of the file being saved, say) before part ``n`` is sent."""
     fail_after_sending: bool = False
     """Fail ``fail_part`` after the real request sent its body (a reply lost on the way back)."""
     hold_part_until_done: tuple[int, int] | None = None
@@ -58,6 +60,8 @@ class FaultyTarget(Wrapped):
 
     async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
         self.attempts[number] = self.attempts.get(number, 0) + 1
+        if number in self.before_part:
+            self.before_part[number]()
         if self.hold_part_until_done is not None and number == self.hold_part_until_done[0]:
             await self._event(self.hold_part_until_done[1]).wait()
         failing = number == self.fail_part and self.attempts[number] <= self.times

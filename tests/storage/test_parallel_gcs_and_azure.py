@@ -30,7 +30,6 @@ from flyte_checkpoint.storage.gcs import GCSBackend
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
     ParallelWriter,
-    PartBody,
     TransferSettings,
     transfer_memory,
 )
@@ -195,18 +194,6 @@ def test_a_part_retried_after_its_body_was_sent_is_sent_again_from_its_start(sto
     assert flaky.attempts == {1: 1, 2: 2, 3: 1}
 
 
-@dataclass
-class CutShort(FaultyTarget):
-    """The real target; the file being saved is cut to ``PART`` bytes before part 3 is sent."""
-
-    path: Path | None = None
-
-    async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
-        if number == 3 and self.path is not None:
-            os.truncate(self.path, PART)
-        return await super().upload_part(upload_id, number, body)
-
-
 def test_a_file_cut_short_during_its_upload_fails_as_changed_input_not_as_a_lost_connection(
     store: Store, tmp_path: Path
 ) -> None:
@@ -215,7 +202,7 @@ def test_a_file_cut_short_during_its_upload_fails_as_changed_input_not_as_a_lost
     save(store, "obj", b"old checkpoint")
     path = tmp_path / "weights.bin"
     path.write_bytes(os.urandom(4 * PART))
-    cut = CutShort(store.backend.parallel_object(store.uri("obj")), path=path)
+    cut = target(store, "obj", before_part={3: lambda: os.truncate(path, PART)})
     writer = ParallelWriter(cut, {FORMAT_KEY: "payload"}, store.backend.transfer)
     with pytest.raises(InputChangedError, match="got shorter"), open(path, "rb") as source, writer:
         writer.write_from(source)

@@ -495,19 +495,14 @@ def test_parts_queued_before_a_pause_wait_for_the_gate(bucket: Bucket) -> None:
 
 @dataclass
 class FileFaults(FaultyTarget):
-    """The real target, recording each part's body and how many were in flight at once, and
-    running ``before_part[n](path)`` (a rewrite of the file, say) before part ``n`` is sent."""
+    """The real target, recording each part's body and how many were in flight at once."""
 
-    before_part: dict[int, Any] = field(default_factory=dict)
-    path: Path | None = None
     bodies: list[PartBody] = field(default_factory=list)
     in_flight: int = 0
     most_in_flight: int = 0
 
     async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
         self.bodies.append(body)
-        if number in self.before_part:
-            self.before_part[number](self.path)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -534,12 +529,12 @@ def random_file(tmp_path: Path, size: int) -> Path:
 def test_a_file_save_records_the_digest_of_the_bytes_its_parts_sent(bucket: Bucket, tmp_path: Path) -> None:
     path = random_file(tmp_path, 2 * PART + 1)
 
-    def rewrite(path: Path) -> None:
+    def rewrite() -> None:
         with open(path, "r+b") as handle:
             handle.seek(PART)
             handle.write(b"new bytes")
 
-    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")), before_part={2: rewrite}, path=path)
+    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")), before_part={2: rewrite})
     writer = ParallelWriter(target, {}, SETTINGS)  # nothing declared up front, as on Azure
     with open(path, "rb") as source:
         writer.write_from(source)
@@ -582,12 +577,12 @@ def test_a_file_rewritten_during_its_upload_fails_the_save_and_keeps_the_old_obj
     save(bucket, "obj", b"old checkpoint")
     path = random_file(tmp_path, 3 * PART)
 
-    def rewrite(path: Path) -> None:
+    def rewrite() -> None:
         with open(path, "r+b") as handle:
             handle.seek(PART + 100)
             handle.write(b"rewritten")
 
-    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")), before_part={2: rewrite}, path=path)
+    target = FileFaults(S3Object(bucket.fs, bucket.uri("obj")), before_part={2: rewrite})
     data = path.read_bytes()
     writer = ParallelWriter.opened(
         target, {}, SETTINGS, metadata_at_start=True, declared_digest=digest_of(data), declared_size=len(data)
@@ -606,9 +601,7 @@ def test_a_file_cut_short_during_its_upload_fails_the_save_and_keeps_the_old_obj
     save(bucket, "obj", b"old checkpoint")
     path = random_file(tmp_path, 3 * PART)
     target = FileFaults(
-        S3Object(bucket.fs, bucket.uri("obj")),
-        before_part={3: lambda path: os.truncate(path, PART)},
-        path=path,
+        S3Object(bucket.fs, bucket.uri("obj")), before_part={3: lambda: os.truncate(path, PART)}
     )
     with pytest.raises(InputChangedError, match="got shorter"):
         file_save(target, path)
