@@ -1,0 +1,118 @@
+"""The overall bound of object-store operations, on a real event loop in its own thread.
+
+The end-to-end cases (a server that stops answering) are in ``test_hangs.py``; these pin down
+how several operations share one loop's watchdog: which bound fires when, and how often the
+caller's thread has to wake the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flyte_checkpoint.errors import CheckpointTimeoutError
+from flyte_checkpoint.storage import deadline as deadline_module
+from flyte_checkpoint.storage.deadline import Deadline
+
+LONG = 60.0
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """A loop that counts the calls other threads make into it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wakeups = 0
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        self.wakeups += 1
+        return super().call_soon_threadsafe(callback, *args, context=context)
+
+
+@pytest.fixture
+def loop() -> Iterator[CountingLoop]:
+    loop = CountingLoop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+async def _sleep_long() -> None:
+    await asyncio.sleep(LONG)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _deadline(loop: asyncio.AbstractEventLoop, seconds: float | None) -> Deadline:
+    return Deadline("s3://bucket/key", "saving", loop=loop, seconds=seconds)
+
+
+def _cancelled_by_the_loop(future: concurrent.futures.Future[Any]) -> bool:
+    """Whether the loop cancelled ``future``'s task (the caller never waits on it with a bound)."""
+    concurrent.futures.wait([future], timeout=LONG / 2)
+    return future.cancelled()
+
+
+def test_a_short_bound_started_after_a_long_one_still_fires_on_time(loop: CountingLoop) -> None:
+    long_bound = _deadline(loop, LONG)
+    long_running = long_bound.submit(_sleep_long())
+    short_bound = _deadline(loop, 0.3)
+    short_running = short_bound.submit(_sleep_long())
+    assert _cancelled_by_the_loop(short_running)
+    assert short_bound.fired
+    with pytest.raises(CheckpointTimeoutError, match="did not finish within 0 s"):
+        short_bound.result(short_running)
+    assert not long_bound.fired
+    assert not long_running.done()
+    long_running.cancel()
+    long_bound.finish()
+
+
+def test_operations_one_after_another_wake_the_loop_only_for_their_requests(loop: CountingLoop) -> None:
+    first = _deadline(loop, LONG)
+    first.result(first.submit(_nothing()))
+    first.finish()
+    before = loop.wakeups
+    for _ in range(20):
+        bound = _deadline(loop, LONG)
+        bound.result(bound.submit(_nothing()))
+        bound.finish()
+    assert loop.wakeups - before == 20  # one per submitted request: none to arm or disarm a bound
+
+
+def test_a_finished_operation_is_not_fired_when_its_bound_passes(loop: CountingLoop) -> None:
+    bound = _deadline(loop, 0.2)
+    bound.result(bound.submit(_nothing()))
+    bound.finish()
+    later = _deadline(loop, 0.4)  # its timer fires after the first bound has passed
+    assert _cancelled_by_the_loop(later.submit(_sleep_long()))
+    assert later.fired
+    assert not bound.fired
+
+
+def test_a_default_bound_that_grew_fires_at_its_new_end(
+    loop: CountingLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deadline_module, "BASE_SECONDS", 0.2)
+    monkeypatch.setattr(deadline_module, "SECONDS_PER_MIB", 2.0)
+    bound = _deadline(loop, None)
+    running = bound.submit(_sleep_long())
+    bound.allow_for(1 << 20)  # now 2.2 s: the timer set for 0.2 s must not fire it
+    time.sleep(0.8)
+    assert not bound.fired
+    assert not running.done()
+    assert _cancelled_by_the_loop(running)
+    assert bound.fired
