@@ -15,6 +15,7 @@ write of headers and body, without aiohttp's two thread-pool hops for a file-lik
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import threading
 import weakref
@@ -23,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
 from flyte_checkpoint.progress import ProgressReporter
-from flyte_checkpoint.storage.base import ObjectInfo
+from flyte_checkpoint.storage.base import DIGEST_KEY, ObjectInfo
 from flyte_checkpoint.storage.deadline import Deadline
 from flyte_checkpoint.storage.fsspec_store import our_metadata
 from flyte_checkpoint.storage.parallel import (
@@ -110,7 +111,24 @@ class S3Object:
 
     async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
         # One PutObject publishes the object atomically. The copy is of less than one part.
-        await self._call("put_object", Body=bytes(body), Metadata=dict(metadata))
+        checksum = self._store_checked(metadata)
+        await self._call("put_object", Body=bytes(body), Metadata=dict(metadata), **checksum)
+
+    def _store_checked(self, metadata: Mapping[str, str]) -> dict[str, str]:
+        """The CRC32 recorded in ``metadata``, as PutObject's checksum parameter (same value, base64).
+
+        S3 then refuses a body that does not match the digest the object will carry, so a save
+        damaged between our digest and the store fails and keeps the previous object instead of
+        publishing one that only the next load finds damaged. botocore would send a CRC32 of its
+        own otherwise (one more pass of its Python per request). Nothing is added when the
+        user's ``s3_additional_kwargs`` choose a checksum: S3 takes one per request.
+        """
+        if any(key.startswith("Checksum") for key in getattr(self._fs, "s3_additional_kwargs", {})):
+            return {}
+        algorithm, _, hex_value = metadata.get(DIGEST_KEY, "").partition(":")
+        if algorithm != "crc32":  # what every writer records (storage/digests.py)
+            return {}
+        return {"ChecksumCRC32": base64.b64encode(bytes.fromhex(hex_value)).decode("ascii")}
 
     async def create(self, metadata: Mapping[str, str]) -> str:
         response = await self._call("create_multipart_upload", Metadata=dict(metadata))

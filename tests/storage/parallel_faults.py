@@ -38,6 +38,8 @@ class FaultyTarget(Wrapped):
     """Run ``before_part[n]()`` (a rewrite of the file being saved, say) before part ``n`` is sent."""
     fail_after_sending: bool = False
     """Fail ``fail_part`` after the real request sent its body (a reply lost on the way back)."""
+    damage_put: bool = False
+    """Flip a byte of a single-request upload after its digest was taken (memory gone bad)."""
     hold_part_until_done: tuple[int, int] | None = None
     fail_complete: bool = False
     fail_abort: bool = False
@@ -53,6 +55,10 @@ class FaultyTarget(Wrapped):
         return self._done.setdefault(number, asyncio.Event())
 
     async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
+        if self.damage_put:
+            damaged = bytearray(body)
+            damaged[0] ^= 0xFF
+            body = memoryview(damaged)
         await self.real.put(body, metadata)
 
     async def create(self, metadata: Mapping[str, str]) -> str:
