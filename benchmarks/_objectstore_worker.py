@@ -6,7 +6,9 @@ Usage: ``python _objectstore_worker.py '<json spec>'``; prints one JSON object (
   its warm-up this process tells the shaping proxy to start counting (``NETSHAPE_MARK_PORT``),
   so requests and connections of the warm-up are not charged to the operation.
 * ``impl`` "boto3": a plain parallel client (s3transfer, ``threads`` threads) saving or loading
-  the file, for the same figures.
+  the file, for the same figures; for 1 KiB, one ``put_object`` / ``get_object`` per call
+  (median of ``reps``, no ``Expect: 100-continue``): the per-request cost of botocore itself,
+  the client ours is built on.
 * ``op`` "ceiling": the S3 server's own speed without the proxy: multipart upload with 8 parts in
   flight, CompleteMultipartUpload, and 8 ranged GETs in flight.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import pathlib
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -73,6 +76,33 @@ def _split(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+def _small_object_calls(client: Any, spec: dict[str, Any]) -> list[float]:
+    """``reps`` timed single requests of the 1 KiB object: PutObject or GetObject.
+
+    Without ``Expect: 100-continue`` (a round trip of its own, which ours does not send either),
+    so what is left is botocore's per-request work.
+    """
+    from botocore.handlers import add_expect_header
+
+    client.meta.events.unregister("before-call.s3", add_expect_header)
+    reps = int(spec.get("reps", 1))
+    times: list[float] = []
+    if spec["op"] == "save":
+        bucket, key = _split(spec["dest"])
+        data = pathlib.Path(spec["data"]).read_bytes()
+        for _ in range(reps):
+            started = time.perf_counter()
+            client.put_object(Bucket=bucket, Key=key, Body=data)
+            times.append(time.perf_counter() - started)
+    else:
+        bucket, key = _split(spec["src"])
+        for _ in range(reps):
+            started = time.perf_counter()
+            client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            times.append(time.perf_counter() - started)
+    return times
+
+
 def run_boto3(spec: dict[str, Any]) -> dict[str, Any]:
     from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
 
@@ -88,6 +118,15 @@ def run_boto3(spec: dict[str, Any]) -> dict[str, Any]:
     client.put_object(Bucket=warm_bucket, Key=warm_key, Body=b"w" * 1024)
     client.get_object(Bucket=warm_bucket, Key=warm_key)["Body"].read()
     mark_start()
+    if spec["kind"] == "bytes":
+        times = _small_object_calls(client, spec)
+        return {
+            "impl": "boto3",
+            "wall_s": statistics.median(times),
+            "rep_min_s": min(times),
+            "peak_rss_mib": _worker._peak_rss_mib(),
+            "reps": len(times),
+        }
     if spec["op"] == "save":
         bucket, key = _split(spec["dest"])
         started = time.perf_counter()

@@ -41,7 +41,7 @@ compare.WORKER = HERE / "_objectstore_worker.py"
 
 OPS = ("save-file", "save-dir", "save-bytes", "load-file", "load-dir", "load-bytes")
 CLIENTS = ("ours", "reference", "boto3")
-BOTO3_OPS = ("save-file", "load-file")
+BOTO3_OPS = ("save-file", "load-file", "save-bytes", "load-bytes")
 BOTO3_THREADS = 16
 
 SAVE_SPEEDUP = 2.0

@@ -56,3 +56,26 @@ def test_the_benchmark_reports_every_target_of_the_issue(report: dict[str, Any])
     assert {"save-file vs reference", "load-dir of the line", "peak RSS, every operation (ours)"} <= names
     assert report["config"]["rate_mib"] == 64
     assert report["server"] == "moto"
+
+
+def test_the_benchmark_measures_botocores_own_1_kib_requests_through_the_proxy() -> None:
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--server=moto",
+        "--clients=boto3",
+        "--ops=save-bytes,load-bytes",
+        "--runs=1",
+        "--bytes-reps=2",
+        "--rate-mib=64",
+        "--rtt-ms=2",
+        "--no-ceiling",
+        "--json",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=str(REPO))
+    assert done.returncode == 0, f"objectstore.py failed:\n{done.stderr[-4000:]}"
+    results = {r["op"]: r for r in json.loads(done.stdout)["results"] if r["client"] == "boto3"}
+    assert sorted(results) == ["load-bytes", "save-bytes"]
+    for result in results.values():
+        assert result["error"] is None
+        assert result["requests_per_op"] == 1  # one PutObject or GetObject per call
