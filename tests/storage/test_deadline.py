@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +31,9 @@ class CountingLoop(asyncio.SelectorEventLoop):
         super().__init__()
         self.wakeups = 0
 
-    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+    def call_soon_threadsafe(  # type: ignore[override]  # the stub's TypeVarTuple form, loosened
+        self, callback: Callable[..., object], *args: Any, context: contextvars.Context | None = None
+    ) -> asyncio.Handle:
         self.wakeups += 1
         return super().call_soon_threadsafe(callback, *args, context=context)
 
