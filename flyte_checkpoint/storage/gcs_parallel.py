@@ -20,7 +20,7 @@ Temporary objects live under a hidden prefix beside the destination,
 ``<destination>.fc-parts/<upload id>/``, which :meth:`~.gcs.GCSBackend.list_prefix` leaves out
 of listings. They are deleted when the save completes and when it fails; those a killed save
 left behind are deleted by the next large save to the same destination once older than
-``stale_upload_age`` (:meth:`GCSObject.sweep_stale`).
+``stale_upload_age`` (:meth:`GCSObject.sweep_stale`), an age read on the store's clock.
 
 Loads. The object's metadata first (size, generation, our metadata), then ranged media GETs
 pinned with ``generation=``: once the object has been replaced that generation is gone (404),
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 import logging
 import uuid
@@ -50,13 +51,26 @@ PARTS_SUFFIX = ".fc-parts"
 """Temporary part objects of a save to ``<destination>`` live below ``<destination>.fc-parts/``."""
 MAX_PARTS = 10_000
 COMPOSE_SOURCES = 32
+"""GCS composes at most 32 source objects per request."""
 REQUESTS_IN_FLIGHT = 8
 """Composes or deletes of one save sent at once (each may open a connection)."""
 ABORT_WAIT = 10.0
 """Seconds an abort waits for part uploads still in flight before it deletes the parts."""
-"""GCS composes at most 32 source objects per request."""
 _CONTENT_TYPE = "application/octet-stream"
 _BOUNDARY = "fc-part-boundary-7f3a"
+
+
+def _date_of(response: Any) -> datetime | None:
+    """The latest time a response's ``Date`` header allows, if it has a valid one.
+
+    The header gives whole seconds, rounded down: the moment it stands for may be up to a
+    second later.
+    """
+    try:
+        date = email.utils.parsedate_to_datetime(response.headers["Date"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (date if date.tzinfo is not None else date.replace(tzinfo=timezone.utc)) + timedelta(seconds=1)
 
 
 def is_temporary(name: str) -> bool:
@@ -138,28 +152,37 @@ class GCSObject:
         return response
 
     async def _json(self, method: str, url: str, **kwargs: Any) -> Any:
+        parsed, _ = await self._json_dated(method, url, **kwargs)
+        return parsed
+
+    async def _json_dated(self, method: str, url: str, **kwargs: Any) -> tuple[Any, datetime | None]:
+        """The response's JSON body, and the store's clock when it answered (:func:`_date_of`)."""
         response = await self._open(method, url, **kwargs)
         try:
             body = await response.read()
         finally:
             response.close()
-        return json.loads(body) if body else None
+        return (json.loads(body) if body else None), _date_of(response)
 
     async def _delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             await self._json("DELETE", self._url("o", name))
 
-    async def _list(self, prefix: str) -> list[dict[str, Any]]:
+    async def _list(self, prefix: str) -> tuple[list[dict[str, Any]], datetime | None]:
+        """The objects under ``prefix`` (name and creation time), and the store's clock when it
+        answered (the ``Date`` of its first response; ``None`` if it sent none)."""
         found: list[dict[str, Any]] = []
+        store_now: datetime | None = None
         params = {"prefix": prefix, "fields": "items(name,timeCreated),nextPageToken"}
         while True:
             try:
-                page = await self._json("GET", self._url("o"), params=params)
+                page, date = await self._json_dated("GET", self._url("o"), params=params)
             except FileNotFoundError:
-                return found
+                return found, store_now
+            store_now = store_now or date
             found += page.get("items", [])
             if not page.get("nextPageToken"):
-                return found
+                return found, store_now
             params = {**params, "pageToken": page["nextPageToken"]}
 
     # uploads
@@ -259,15 +282,22 @@ class GCSObject:
             for request in self._part_requests:
                 request.cancel()
         # Listed, not remembered: a part whose response was lost exists all the same.
-        await self._delete_all([item["name"] for item in await self._list(self._parts_prefix(upload_id))])
+        parts, _ = await self._list(self._parts_prefix(upload_id))
+        await self._delete_all([item["name"] for item in parts])
 
     async def sweep_stale(self, keep: str, older_than: float) -> int:
-        """Delete the temporary objects that killed saves to this object left (not ``keep``'s)."""
-        cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than)
+        """Delete the temporary objects that killed saves to this object left (not ``keep``'s).
+
+        Ages are read on the store's clock (the listing's ``Date``), against the creation times
+        the store gave the parts, so a client whose clock runs ahead cannot make another save's
+        running parts look stale. The client's clock is used only if the store sends no date.
+        """
         base = self._parts_prefix()
+        items, store_now = await self._list(base)
+        cutoff = (store_now or datetime.now(timezone.utc)) - timedelta(seconds=older_than)
         uploads: dict[str, list[str]] = {}
         fresh: set[str] = set()
-        for item in await self._list(base):
+        for item in items:
             upload_id = str(item["name"])[len(base) :].split("/", 1)[0]
             if upload_id == keep:
                 continue

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +257,14 @@ def remote_store(request: pytest.FixtureRequest) -> Store:
 # -- GCS: temporary part objects ----------------------------------------------------------------
 
 
+class ClockTwoHoursAhead(datetime):
+    """``datetime`` as a client whose clock runs two hours ahead of the store's sees it."""
+
+    @classmethod
+    def now(cls, tz: tzinfo | None = None) -> ClockTwoHoursAhead:
+        return super().now(tz) + timedelta(hours=2)
+
+
 def leftover_part(store: Store, key: str, upload_id: str = "0" * 32) -> str:
     """A temporary part object as a killed save leaves it."""
     name = f"{key}{gcs_parallel.PARTS_SUFFIX}/{upload_id}/00001"
@@ -293,6 +302,15 @@ def test_gcs_a_save_leaves_parts_younger_than_the_stale_age_alone(gcs: Store) ->
     recent = leftover_part(gcs, "obj")
     save(store_for(gcs.remote, stale_upload_age=3600), "obj", os.urandom(PART + 1))
     assert gcs.keys() == ["obj", recent]
+
+
+def test_gcs_part_ages_are_read_on_the_stores_clock_not_the_clients(
+    gcs: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running = leftover_part(gcs, "obj")  # another save's part, sent just now
+    monkeypatch.setattr(gcs_parallel, "datetime", ClockTwoHoursAhead)
+    save(store_for(gcs.remote, stale_upload_age=3600), "obj", os.urandom(PART + 1))
+    assert gcs.keys() == ["obj", running]
 
 
 def test_gcs_a_save_leaves_parts_of_other_objects_alone(gcs: Store) -> None:
