@@ -238,12 +238,15 @@ class _Watchdog:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weak: the loop is this watchdog's key in ``_watchdogs``, which a strong reference from
+        # its value would keep alive (and every loop that ever ran an operation with it).
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._watched: set[Deadline] = set()
         self._fires_at = float("inf")
         """When the timer fires, under ``_lock`` (``inf``: no timer; ``-inf``: a reschedule is queued)."""
-        self._timer: asyncio.TimerHandle | None = None  # on the loop only
+        self._timer: weakref.ref[asyncio.TimerHandle] | None = None  # on the loop only
+        """Weak too: a handle refers to its loop; the loop holds it while it is pending."""
 
     def watch(self, deadline: Deadline) -> None:
         with self._lock:
@@ -251,8 +254,10 @@ class _Watchdog:
             if deadline.expires_at() + _TIMER_SLACK >= self._fires_at:
                 return  # the timer fires first and will find this one
             self._fires_at = float("-inf")  # a reschedule is on its way: later watches need none
-        with contextlib.suppress(RuntimeError):  # a loop closed at interpreter exit
-            self._loop.call_soon_threadsafe(self._reschedule)
+        loop = self._loop()
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # a loop closed at interpreter exit
+                loop.call_soon_threadsafe(self._reschedule)
 
     def forget(self, deadline: Deadline) -> None:
         with self._lock:
@@ -260,31 +265,35 @@ class _Watchdog:
 
     def _reschedule(self) -> None:  # on the loop
         """Fire the deadlines that have passed; set the timer for the soonest of the others."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        pending = self._timer() if self._timer is not None else None
+        if pending is not None:
+            pending.cancel()
+        self._timer = None
         now = time.monotonic()
         with self._lock:
             due = {deadline for deadline in self._watched if deadline.expires_at() <= now}
             self._watched -= due
             soonest = min((deadline.expires_at() for deadline in self._watched), default=None)
-            self._fires_at = float("inf") if soonest is None else soonest + _TIMER_SLACK
+            fires_at = float("inf") if soonest is None else soonest + _TIMER_SLACK
+            self._fires_at = fires_at
         for deadline in due:
             deadline._fire()
-        if soonest is not None:
-            self._timer = self._loop.call_at(self._loop.time() + self._fires_at - now, self._reschedule)
+        loop = self._loop()
+        if soonest is not None and loop is not None:
+            # Only the delay is taken from time.monotonic(): the loop's clock may differ.
+            self._timer = weakref.ref(loop.call_at(loop.time() + fires_at - now, self._reschedule))
 
 
 def _watchdog_for(loop: asyncio.AbstractEventLoop) -> _Watchdog:
     """The loop's watchdog; the first call also files the loop's tasks under their deadlines."""
     with _watchdogs_lock:
         watchdog = _watchdogs.get(loop)
-        if watchdog is not None:
-            return watchdog
-        watchdog = _watchdogs[loop] = _Watchdog(loop)
-    # Queued before the operation's first coroutine, so the factory is in place when it starts.
-    loop.call_soon_threadsafe(_install_factory, loop)
-    return watchdog
+        if watchdog is None:
+            watchdog = _watchdogs[loop] = _Watchdog(loop)
+            # Queued under the lock, so before the first coroutine of any thread that finds
+            # this watchdog: the factory is in place when that coroutine's task is created.
+            loop.call_soon_threadsafe(_install_factory, loop)
+        return watchdog
 
 
 def _install_factory(loop: asyncio.AbstractEventLoop) -> None:

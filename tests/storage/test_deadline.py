@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,11 +74,11 @@ def _cancelled_by_the_loop(future: concurrent.futures.Future[Any]) -> bool:
 def test_a_short_bound_started_after_a_long_one_still_fires_on_time(loop: CountingLoop) -> None:
     long_bound = _deadline(loop, LONG)
     long_running = long_bound.submit(_sleep_long())
-    short_bound = _deadline(loop, 0.3)
+    short_bound = _deadline(loop, 1.0)
     short_running = short_bound.submit(_sleep_long())
     assert _cancelled_by_the_loop(short_running)
     assert short_bound.fired
-    with pytest.raises(CheckpointTimeoutError, match="did not finish within 0 s"):
+    with pytest.raises(CheckpointTimeoutError, match="did not finish within 1 s"):
         short_bound.result(short_running)
     assert not long_bound.fired
     assert not long_running.done()
@@ -97,10 +99,10 @@ def test_operations_one_after_another_wake_the_loop_only_for_their_requests(loop
 
 
 def test_a_finished_operation_is_not_fired_when_its_bound_passes(loop: CountingLoop) -> None:
-    bound = _deadline(loop, 0.2)
+    bound = _deadline(loop, 1.0)
     bound.result(bound.submit(_nothing()))
     bound.finish()
-    later = _deadline(loop, 0.4)  # its timer fires after the first bound has passed
+    later = _deadline(loop, 1.5)  # its timer fires after the first bound has passed
     assert _cancelled_by_the_loop(later.submit(_sleep_long()))
     assert later.fired
     assert not bound.fired
@@ -109,13 +111,29 @@ def test_a_finished_operation_is_not_fired_when_its_bound_passes(loop: CountingL
 def test_a_default_bound_that_grew_fires_at_its_new_end(
     loop: CountingLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(deadline_module, "BASE_SECONDS", 0.2)
+    monkeypatch.setattr(deadline_module, "BASE_SECONDS", 1.0)
     monkeypatch.setattr(deadline_module, "SECONDS_PER_MIB", 2.0)
     bound = _deadline(loop, None)
     running = bound.submit(_sleep_long())
-    bound.allow_for(1 << 20)  # now 2.2 s: the timer set for 0.2 s must not fire it
-    time.sleep(0.8)
+    bound.allow_for(1 << 20)  # now 3 s: the timer set for 1 s must not fire it
+    time.sleep(1.5)
     assert not bound.fired
     assert not running.done()
     assert _cancelled_by_the_loop(running)
     assert bound.fired
+
+
+def test_a_loop_that_ran_operations_is_not_kept_alive_by_its_watchdog() -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    bound = _deadline(loop, LONG)
+    bound.result(bound.submit(_nothing()))
+    bound.finish()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    loop.close()
+    gone = weakref.ref(loop)
+    del loop, bound, thread
+    gc.collect()
+    assert gone() is None
