@@ -294,6 +294,8 @@ class GCSObject:
         """
         base = self._parts_prefix()
         items, store_now = await self._list(base)
+        # The Date's rounding up (``_date_of``) can make a part look up to a second older: far
+        # below any useful stale_upload_age, and it lets an age of 0 mean "every leftover".
         cutoff = (store_now or datetime.now(timezone.utc)) - timedelta(seconds=older_than)
         uploads: dict[str, list[str]] = {}
         fresh: set[str] = set()

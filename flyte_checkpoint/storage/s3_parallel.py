@@ -92,11 +92,16 @@ class S3Object:
     def loop(self) -> asyncio.AbstractEventLoop:
         return cast(asyncio.AbstractEventLoop, self._fs.loop)
 
-    async def _call(self, operation: str, **params: Any) -> Any:
+    async def _client(self) -> Any:
         fs = self._fs
         await fs.set_session()
         client = await fs.get_s3(self._bucket)
         _no_expect_continue(client)
+        return client
+
+    async def _call(self, operation: str, **params: Any) -> Any:
+        fs = self._fs
+        client = await self._client()
         method = getattr(client, operation)
         try:
             return await method(
@@ -111,19 +116,24 @@ class S3Object:
 
     async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
         # One PutObject publishes the object atomically. The copy is of less than one part.
-        checksum = self._store_checked(metadata)
+        checksum = self._store_checked(await self._client(), metadata)
         await self._call("put_object", Body=bytes(body), Metadata=dict(metadata), **checksum)
 
-    def _store_checked(self, metadata: Mapping[str, str]) -> dict[str, str]:
+    def _store_checked(self, client: Any, metadata: Mapping[str, str]) -> dict[str, str]:
         """The CRC32 recorded in ``metadata``, as PutObject's checksum parameter (same value, base64).
 
         S3 then refuses a body that does not match the digest the object will carry, so a save
         damaged between our digest and the store fails and keeps the previous object instead of
         publishing one that only the next load finds damaged. botocore would send a CRC32 of its
         own otherwise (one more pass of its Python per request). Nothing is added when the
-        user's ``s3_additional_kwargs`` choose a checksum: S3 takes one per request.
+        user's ``s3_additional_kwargs`` choose a checksum (S3 takes one per request), nor when
+        checksums are off in botocore's config (``request_checksum_calculation`` "when_required",
+        also from ``AWS_REQUEST_CHECKSUM_CALCULATION``): the way to reach S3-compatible stores
+        that refuse ``x-amz-checksum-*`` headers, which a modelled parameter would still send.
         """
         if any(key.startswith("Checksum") for key in getattr(self._fs, "s3_additional_kwargs", {})):
+            return {}
+        if getattr(client.meta.config, "request_checksum_calculation", None) == "when_required":
             return {}
         algorithm, _, hex_value = metadata.get(DIGEST_KEY, "").partition(":")
         if algorithm != "crc32":  # what every writer records (storage/digests.py)

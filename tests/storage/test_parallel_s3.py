@@ -206,6 +206,19 @@ def test_a_checksum_chosen_in_s3_additional_kwargs_is_the_one_sent(s3_server: St
     assert "x-amz-checksum-crc32" not in put
 
 
+def test_checksums_turned_off_in_botocores_config_stay_off(s3_server: StorageServer) -> None:
+    # The setting users need for S3-compatible stores that refuse x-amz-checksum-* headers.
+    options = {
+        **s3_server.storage_options,
+        "config_kwargs": {"request_checksum_calculation": "when_required"},
+    }
+    plain = Bucket(create_bucket(s3_server, "plain"), S3Backend(options).fs, s3_server)
+    with recorded_requests(plain) as sent:
+        save(plain, "plain", b"no checksum header")
+    (put,) = [request.headers for request in sent if request.operation == "PutObject"]
+    assert not [name for name in put if name.lower().startswith("x-amz-checksum")]
+
+
 def test_ranges_after_the_first_are_pinned_to_its_etag(bucket: Bucket) -> None:
     save(bucket, "pinned", os.urandom(2 * PART + 1))
     with recorded_requests(bucket) as sent:
