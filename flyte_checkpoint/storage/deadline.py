@@ -39,6 +39,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import os
 import threading
 import time
 import weakref
@@ -64,6 +65,18 @@ _TIMER_SLACK = 0.01
 """Seconds the watchdog's timer runs past a bound, so the bound has surely passed when it fires."""
 _watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = weakref.WeakKeyDictionary()
 _watchdogs_lock = threading.Lock()
+
+
+def _forget_the_parents_loops() -> None:
+    """In a forked child: none of the parent's loop threads run there (fsspec starts a new
+    loop), and a lock one of them held at the fork would never be released."""
+    global _watchdogs_lock
+    _watchdogs_lock = threading.Lock()
+    _watchdogs.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_forget_the_parents_loops)
 
 
 class Deadline:

@@ -11,6 +11,8 @@ import asyncio
 import concurrent.futures
 import contextvars
 import gc
+import os
+import signal
 import threading
 import time
 import weakref
@@ -137,3 +139,30 @@ def test_a_loop_that_ran_operations_is_not_kept_alive_by_its_watchdog() -> None:
     del loop, bound, thread
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_another_thread_registers_a_loop_can_still_bound_its_operations() -> None:
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_registry() -> None:
+        with deadline_module._watchdogs_lock:
+            holding.set()
+            release.wait(timeout=LONG)
+
+    holder = threading.Thread(target=hold_the_registry)
+    holder.start()
+    holding.wait(timeout=LONG)
+    child = os.fork()
+    if child == 0:  # the child: the lock's holder does not exist here
+        code = 1
+        try:
+            signal.alarm(10)  # a deadlock ends the child instead of the test run
+            deadline_module._watchdog_for(asyncio.new_event_loop())
+            code = 0
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join(timeout=10)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
