@@ -18,25 +18,28 @@ SCRIPT = REPO / "benchmarks" / "objectstore.py"
 OPERATIONS = ["save-file", "save-dir", "save-bytes", "load-file", "load-dir", "load-bytes"]
 
 
-@pytest.fixture(scope="module")
-def report() -> dict[str, Any]:
+def run_benchmark(*options: str) -> dict[str, Any]:
+    """Run the benchmark tiny (moto, 64 MiB/s, 2 ms, one run, no ceiling) and parse its JSON."""
     command = [
         sys.executable,
         str(SCRIPT),
         "--server=moto",
-        "--clients=ours",
-        "--size-mib=1",
         "--runs=1",
-        "--bytes-reps=1",
         "--rate-mib=64",
         "--rtt-ms=2",
         "--no-ceiling",
         "--json",
+        *options,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=str(REPO))
     assert done.returncode == 0, f"objectstore.py failed:\n{done.stderr[-4000:]}"
     parsed: dict[str, Any] = json.loads(done.stdout)
     return parsed
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    return run_benchmark("--clients=ours", "--size-mib=1", "--bytes-reps=1")
 
 
 @pytest.mark.parametrize("op", OPERATIONS)
@@ -59,22 +62,8 @@ def test_the_benchmark_reports_every_target_of_the_issue(report: dict[str, Any])
 
 
 def test_the_benchmark_measures_botocores_own_1_kib_requests_through_the_proxy() -> None:
-    command = [
-        sys.executable,
-        str(SCRIPT),
-        "--server=moto",
-        "--clients=boto3",
-        "--ops=save-bytes,load-bytes",
-        "--runs=1",
-        "--bytes-reps=2",
-        "--rate-mib=64",
-        "--rtt-ms=2",
-        "--no-ceiling",
-        "--json",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=str(REPO))
-    assert done.returncode == 0, f"objectstore.py failed:\n{done.stderr[-4000:]}"
-    results = {r["op"]: r for r in json.loads(done.stdout)["results"] if r["client"] == "boto3"}
+    report = run_benchmark("--clients=boto3", "--ops=save-bytes,load-bytes", "--bytes-reps=2")
+    results = {r["op"]: r for r in report["results"] if r["client"] == "boto3"}
     assert sorted(results) == ["load-bytes", "save-bytes"]
     for result in results.values():
         assert result["error"] is None
