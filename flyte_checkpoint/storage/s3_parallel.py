@@ -100,12 +100,14 @@ class S3Object:
         return client
 
     async def _call(self, operation: str, **params: Any) -> Any:
-        fs = self._fs
-        client = await self._client()
+        return await self._request(await self._client(), operation, **params)
+
+    async def _request(self, client: Any, operation: str, **params: Any) -> Any:
+        """``operation`` on this key through ``client`` (from :meth:`_client`), with s3fs's defaults."""
         method = getattr(client, operation)
         try:
             return await method(
-                **fs._get_s3_method_kwargs(method, Bucket=self._bucket, Key=self._key, **params)
+                **self._fs._get_s3_method_kwargs(method, Bucket=self._bucket, Key=self._key, **params)
             )
         except Exception as exc:
             # botocore tried it REQUEST_ATTEMPTS times already (its max_attempts).
@@ -116,8 +118,9 @@ class S3Object:
 
     async def put(self, body: memoryview, metadata: Mapping[str, str]) -> None:
         # One PutObject publishes the object atomically. The copy is of less than one part.
-        checksum = self._store_checked(await self._client(), metadata)
-        await self._call("put_object", Body=bytes(body), Metadata=dict(metadata), **checksum)
+        client = await self._client()
+        checksum = self._store_checked(client, metadata)
+        await self._request(client, "put_object", Body=bytes(body), Metadata=dict(metadata), **checksum)
 
     def _store_checked(self, client: Any, metadata: Mapping[str, str]) -> dict[str, str]:
         """The CRC32 recorded in ``metadata``, as PutObject's checksum parameter (same value, base64).
@@ -172,10 +175,8 @@ class S3Object:
         others: list[tuple[str, datetime]] = []
         started: datetime | None = None
         markers: dict[str, str] = {}
+        client = await self._client()
         while True:
-            fs = self._fs
-            await fs.set_session()
-            client = await fs.get_s3(self._bucket)
             page = await client.list_multipart_uploads(Bucket=self._bucket, Prefix=self._key, **markers)
             for upload in page.get("Uploads", []):
                 initiated = upload.get("Initiated")
