@@ -293,8 +293,7 @@ class _Watchdog:
             deadline._fire()
         loop = self._loop()
         if soonest is not None and loop is not None:
-            # Only the delay is taken from time.monotonic(): the loop's clock may differ.
-            self._timer = weakref.ref(loop.call_at(loop.time() + fires_at - now, self._reschedule))
+            self._timer = weakref.ref(loop.call_later(fires_at - now, self._reschedule))
 
 
 def _watchdog_for(loop: asyncio.AbstractEventLoop) -> _Watchdog:
