@@ -85,21 +85,24 @@ def _small_object_calls(client: Any, spec: dict[str, Any]) -> list[float]:
     from botocore.handlers import add_expect_header
 
     client.meta.events.unregister("before-call.s3", add_expect_header)
-    reps = int(spec.get("reps", 1))
-    times: list[float] = []
     if spec["op"] == "save":
         bucket, key = _split(spec["dest"])
         data = pathlib.Path(spec["data"]).read_bytes()
-        for _ in range(reps):
-            started = time.perf_counter()
+
+        def call() -> None:
             client.put_object(Bucket=bucket, Key=key, Body=data)
-            times.append(time.perf_counter() - started)
+
     else:
         bucket, key = _split(spec["src"])
-        for _ in range(reps):
-            started = time.perf_counter()
+
+        def call() -> None:
             client.get_object(Bucket=bucket, Key=key)["Body"].read()
-            times.append(time.perf_counter() - started)
+
+    times: list[float] = []
+    for _ in range(int(spec.get("reps", 1))):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
     return times
 
 
