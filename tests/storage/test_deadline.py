@@ -141,7 +141,9 @@ def test_a_loop_that_ran_operations_is_not_kept_alive_by_its_watchdog() -> None:
     assert gone() is None
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="os.fork is POSIX-only; the reset runs only in forked children"
+)
 def test_a_child_forked_while_another_thread_registers_a_loop_can_still_bound_its_operations() -> None:
     holding, release = threading.Event(), threading.Event()
 

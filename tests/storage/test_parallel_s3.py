@@ -73,8 +73,13 @@ class Bucket:
 
 @pytest.fixture
 def bucket(s3_server: StorageServer) -> Bucket:
-    backend = S3Backend(s3_server.storage_options)
-    return Bucket(create_bucket(s3_server, "par"), backend.fs, s3_server)
+    return new_bucket(s3_server, "par")
+
+
+def new_bucket(s3_server: StorageServer, prefix: str, **options: Any) -> Bucket:
+    """A fresh bucket, seen through an ``S3Backend`` built with these storage options."""
+    backend = S3Backend({**s3_server.storage_options, **options})
+    return Bucket(create_bucket(s3_server, prefix), backend.fs, s3_server)
 
 
 def save(bucket: Bucket, key: str, data: bytes, *, declared: bool = True, chunk: int = 1 << 20) -> None:
@@ -173,6 +178,12 @@ def recorded_requests(bucket: Bucket) -> Iterator[list[SentRequest]]:
         client.meta.events.unregister("before-send.s3", record)
 
 
+def the_put(sent: list[SentRequest]) -> Mapping[str, str]:
+    """The headers of the one PutObject among ``sent``."""
+    (put,) = [request.headers for request in sent if request.operation == "PutObject"]
+    return put
+
+
 def test_uploads_send_no_expect_100_continue(bucket: Bucket) -> None:
     with recorded_requests(bucket) as sent:
         save(bucket, "big", os.urandom(PART + 1))
@@ -190,33 +201,26 @@ def test_a_body_damaged_after_its_digest_goes_out_with_the_recorded_crc32(bucket
     target = FaultyTarget(S3Object(bucket.fs, bucket.uri("damaged")), damage_put=True)
     with recorded_requests(bucket) as sent:
         faulty_save(target, data)
-    (put,) = [request.headers for request in sent if request.operation == "PutObject"]
     crc = zlib.crc32(data).to_bytes(4, "big")
-    assert put["x-amz-checksum-crc32"] == base64.b64encode(crc).decode()
+    assert the_put(sent)["x-amz-checksum-crc32"] == base64.b64encode(crc).decode()
     assert bucket.call("head_object", Key="damaged")["Metadata"][DIGEST_KEY] == f"crc32:{crc.hex()}"
 
 
 def test_a_checksum_chosen_in_s3_additional_kwargs_is_the_one_sent(s3_server: StorageServer) -> None:
-    options = {**s3_server.storage_options, "s3_additional_kwargs": {"ChecksumAlgorithm": "SHA256"}}
-    chosen = Bucket(create_bucket(s3_server, "sha"), S3Backend(options).fs, s3_server)
+    chosen = new_bucket(s3_server, "sha", s3_additional_kwargs={"ChecksumAlgorithm": "SHA256"})
     with recorded_requests(chosen) as sent:
         save(chosen, "chosen", b"the user's choice")
-    (put,) = [request.headers for request in sent if request.operation == "PutObject"]
+    put = the_put(sent)
     assert "x-amz-checksum-sha256" in put
     assert "x-amz-checksum-crc32" not in put
 
 
 def test_checksums_turned_off_in_botocores_config_stay_off(s3_server: StorageServer) -> None:
     # The setting users need for S3-compatible stores that refuse x-amz-checksum-* headers.
-    options = {
-        **s3_server.storage_options,
-        "config_kwargs": {"request_checksum_calculation": "when_required"},
-    }
-    plain = Bucket(create_bucket(s3_server, "plain"), S3Backend(options).fs, s3_server)
+    plain = new_bucket(s3_server, "plain", config_kwargs={"request_checksum_calculation": "when_required"})
     with recorded_requests(plain) as sent:
         save(plain, "plain", b"no checksum header")
-    (put,) = [request.headers for request in sent if request.operation == "PutObject"]
-    assert not [name for name in put if name.lower().startswith("x-amz-checksum")]
+    assert not [name for name in the_put(sent) if name.lower().startswith("x-amz-checksum")]
 
 
 def test_ranges_after_the_first_are_pinned_to_its_etag(bucket: Bucket) -> None:
