@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401 - imported first: its exit hook must run after ours
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 
 from flyte_checkpoint.snapshot import Snapshot
 
 logger = logging.getLogger("flyte_checkpoint")
+
+_live: weakref.WeakSet[BackgroundSaver] = weakref.WeakSet()
+"""Every saver with an upload queued or in flight."""
+_live_lock = threading.Lock()
 
 
 class BackgroundSaver:
@@ -21,8 +27,10 @@ class BackgroundSaver:
     kept and raised by the next :meth:`submit` or :meth:`wait`, unless a newer save was submitted
     after the failed one: then that newer save decides. If it succeeds, the older failure is
     logged at WARNING and never raised (the checkpoint holds a newer state than the one that
-    failed); if it fails too, its failure is raised instead. The worker thread exits when idle,
-    and is not a daemon, so the interpreter finishes an upload in flight before exiting.
+    failed); if it fails too, its failure is raised instead. The worker thread exits when idle.
+
+    When the main thread ends with an upload in flight, the interpreter waits for it (see
+    :func:`finish_at_exit`) before anything it needs is shut down, on every store.
     """
 
     def __init__(self, upload: Callable[[Snapshot], None], name: str) -> None:
@@ -76,6 +84,8 @@ class BackgroundSaver:
             self._queued = (self._submitted, snapshot)
             if not self._busy:
                 self._busy = True
+                with _live_lock:
+                    _live.add(self)
                 threading.Thread(target=self._run, name=f"flyte-checkpoint-save {self._name}").start()
 
     def wait(self) -> None:
@@ -98,6 +108,8 @@ class BackgroundSaver:
             with self._condition:
                 if self._queued is None:
                     self._busy = False
+                    with _live_lock:
+                        _live.discard(self)
                     self._condition.notify_all()
                     return
                 (sequence, snapshot), self._queued = self._queued, None
@@ -134,3 +146,39 @@ class BackgroundSaver:
             outcome,
             error,
         )
+
+
+def finish_at_exit() -> None:
+    """Wait for every background upload in flight, then log (never raise) their failures.
+
+    Runs when the main thread has ended, before :mod:`concurrent.futures` refuses new work: the
+    object stores' clients hand work to thread pools (name lookups, file reads), and an upload
+    still running after that failed with "cannot schedule new futures after interpreter
+    shutdown" and was lost, while the process exited 0.
+    """
+    with _live_lock:
+        savers = list(_live)
+    for saver in savers:
+        logger.info("waiting for the background save of %s before the interpreter exits", saver._name)
+        try:
+            saver.wait()
+        except (KeyboardInterrupt, SystemExit):
+            # Another Ctrl-C: stop waiting. Raised out of threading's shutdown, this also ends
+            # its join of the upload's thread; the upload never commits, the previous object stays.
+            logger.warning("stopped waiting for the background save of %s; it is abandoned", saver._name)
+            raise
+        except Exception as error:  # the interpreter is exiting: say it, loudly, and go on
+            logger.error(
+                "the background save of %s failed as the interpreter exited, so the checkpoint "
+                "there is the previous one: %s",
+                saver._name,
+                error,
+            )
+
+
+# threading's exit hooks run when the main thread ends, newest first, before non-daemon threads
+# are joined and before the interpreter tears anything down; concurrent.futures (imported above)
+# registered its own earlier, so ours runs before it stops the thread pools.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:  # CPython 3.9+
+    _register(finish_at_exit)

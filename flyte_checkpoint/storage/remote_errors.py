@@ -121,6 +121,15 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
+def _interpreter_shutting_down(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from a thread pool refusing work because the interpreter is exiting
+    (never transient: retrying only spends the time the process has left)."""
+    return any(
+        isinstance(link, RuntimeError) and "cannot schedule new futures after" in str(link)
+        for link in _chain(exc)
+    )
+
+
 def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):  # botocore ClientError
@@ -234,6 +243,12 @@ def to_checkpoint_error(exc: BaseException, uri: str, action: str, scheme: str) 
     """The typed error for a backend failure while ``action`` ``uri``; unknown errors pass through."""
     if isinstance(exc, CheckpointError):
         return exc
+    if _interpreter_shutting_down(exc):
+        return CheckpointStorageError(
+            f"cannot finish {action} {uri}: the interpreter is shutting down, and the store's client "
+            "can start no more work; wait for saves to finish (wait_sync(), close(), or a `with` "
+            "block) before the program ends"
+        )
     kind = classify(exc)
     if kind == "permission":
         hint = CREDENTIAL_HINTS.get(scheme, "check the credentials in storage_options")

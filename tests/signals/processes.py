@@ -1,0 +1,100 @@
+"""Running a test program as a real process, aiming a real signal at it, and always reaping it."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.signals.programs import STORAGE_OPTIONS_ENV
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT = 60.0
+"""Seconds a program may take to import everything and say ``ready`` (CI machines stall)."""
+HANG_TIMEOUT = 20.0
+"""Seconds after which a program that should have ended is taken to hang."""
+
+
+class Program:
+    """A started program: its process, and what it printed so far."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: list[str] = []
+
+    def wait_for_line(self, wanted: str, timeout: float = READY_TIMEOUT) -> None:
+        """Read output until a line equal to ``wanted``; fail if the program ends or stalls first."""
+        assert self.process.stdout is not None
+        give_up = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            while time.monotonic() < give_up:
+                if not selector.select(timeout=max(0.0, give_up - time.monotonic())):
+                    break
+                line = self.process.stdout.readline()
+                if not line:
+                    break
+                self.lines.append(line.rstrip("\n"))
+                if self.lines[-1] == wanted:
+                    return
+        raise AssertionError(f"the program never printed {wanted!r}; its output:\n{self.output()}")
+
+    def finish(self, timeout: float = HANG_TIMEOUT) -> int:
+        """Wait for the exit (failing the test if it hangs); the exit status, as ``Popen`` has it."""
+        try:
+            rest, _ = self.process.communicate(timeout=timeout)  # reading, so a full pipe never blocks it
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            rest, _ = self.process.communicate()
+            self.lines.extend(rest.splitlines())
+            raise AssertionError(
+                f"the program hung (killed after {timeout} s); its output:\n{self.output()}"
+            ) from None
+        self.lines.extend(rest.splitlines())
+        return self.process.returncode
+
+    def output(self) -> str:
+        """Everything read so far (all of it, once :meth:`finish` returned)."""
+        return "\n".join(self.lines)
+
+    def send(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+
+@contextmanager
+def running(
+    argv: Sequence[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    module: str = "tests.signals.programs",
+) -> Iterator[Program]:
+    """Start ``python -m MODULE ARGV`` from the repository root; kill and reap it on leaving."""
+    env = dict(os.environ)
+    if storage_options is not None:
+        env[STORAGE_OPTIONS_ENV] = json.dumps(dict(storage_options))
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *argv],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # signals sent to the test's process group never reach it
+    )
+    try:
+        yield Program(process)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
