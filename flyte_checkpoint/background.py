@@ -6,9 +6,12 @@ import concurrent.futures.thread  # noqa: F401 - imported first: its exit hook m
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 
+from flyte_checkpoint.errors import PreemptionDeadlineError
+from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.snapshot import Snapshot
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -88,14 +91,28 @@ class BackgroundSaver:
                     _live.add(self)
                 threading.Thread(target=self._run, name=f"flyte-checkpoint-save {self._name}").start()
 
-    def wait(self) -> None:
+    @property
+    def busy(self) -> bool:
+        """Whether an upload is queued or in flight."""
+        return self._busy
+
+    def wait(self, *, until: float | None = None) -> None:
         """Block until nothing is queued or in flight; raise the failure of the newest failed save.
 
         A failure is raised only if no newer save succeeded after it (the newest state wins).
+        With ``until`` (a ``time.monotonic()`` moment: a preemption's save deadline), a wait
+        still unfinished then raises :class:`PreemptionDeadlineError`; the upload goes on.
         """
         with self._condition:
             while self._busy:
-                self._condition.wait()
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    raise PreemptionDeadlineError(
+                        f"the background save of {self._name} did not commit before the save "
+                        "deadline of the preemption notice; it goes on uploading until the process "
+                        "ends, and the previous checkpoint is kept unless it commits first"
+                    )
+                self._condition.wait(left)
             self._raise_pending_error()
 
     def _raise_pending_error(self) -> None:
@@ -154,14 +171,15 @@ def finish_at_exit() -> None:
     Runs when the main thread has ended, before :mod:`concurrent.futures` refuses new work: the
     object stores' clients hand work to thread pools (name lookups, file reads), and an upload
     still running after that failed with "cannot schedule new futures after interpreter
-    shutdown" and was lost, while the process exited 0.
+    shutdown" and was lost, while the process exited 0. After a preemption notice the wait
+    ends at the save deadline, so the process is gone before the SIGKILL.
     """
     with _live_lock:
         savers = list(_live)
     for saver in savers:
         logger.info("waiting for the background save of %s before the interpreter exits", saver._name)
         try:
-            saver.wait()
+            saver.wait(until=notice.save_deadline())
         except (KeyboardInterrupt, SystemExit):
             # Another Ctrl-C: stop waiting. Raised out of threading's shutdown, this also ends
             # its join of the upload's thread; the upload never commits, the previous object stays.

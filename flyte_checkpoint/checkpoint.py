@@ -18,8 +18,11 @@ from flyte_checkpoint.context import ctx
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
+    Preempted,
     UnsupportedTypeError,
 )
+from flyte_checkpoint.preemption import notice
+from flyte_checkpoint.preemption.budget import SaveBudget
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.snapshot import Snapshot, take_snapshot
 from flyte_checkpoint.storage import (
@@ -27,6 +30,7 @@ from flyte_checkpoint.storage import (
     StorageOptions,
     backend_for,
 )
+from flyte_checkpoint.storage.deadline import finish_by
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import load_object, save_object
@@ -148,6 +152,7 @@ class Checkpoint(BaseCheckpoint):
         self._saver: BackgroundSaver | None = None
         self._loaded = False
         self._restored: Path | None = None
+        self._budget = SaveBudget()
 
     # -- locations --------------------------------------------------------------------------
 
@@ -169,6 +174,51 @@ class Checkpoint(BaseCheckpoint):
     def path(self) -> Path:
         """The local workspace directory (prefix ``flyte-cp-``), created on first access."""
         return self._workspace.path
+
+    # -- preemption --------------------------------------------------------------------------
+
+    @property
+    def preempted(self) -> bool:
+        """Whether this process received a preemption notice (SIGTERM, by default).
+
+        Reading it tells the preemption handler that this task handles the notice itself: it is
+        no longer ended for you once saves are done. The documented loop::
+
+            if step % 100 == 0 or checkpoint.preempted:
+                checkpoint.save_sync(state, background=not checkpoint.preempted)
+            if checkpoint.preempted:
+                raise checkpoint.preemption()
+        """
+        notice.take_over()
+        return notice.current_notice() is not None
+
+    def time_left(self) -> float | None:
+        """Seconds until the expected SIGKILL, or ``None`` before a preemption notice."""
+        notice.take_over()
+        current = notice.current_notice()
+        return None if current is None else current.time_left()
+
+    def preemption(self) -> Preempted:
+        """The exception that ends this attempt after a notice: ``raise checkpoint.preemption()``.
+
+        Its message says whether a save of this helper committed after the notice, and where.
+        Raises :class:`RuntimeError` when there was no notice (check :attr:`preempted` first).
+        """
+        current = notice.current_notice()
+        if current is None:
+            raise RuntimeError("no preemption notice was received; check checkpoint.preempted first")
+        saved = self._budget.committed_since(current.received_at)
+        if saved:
+            detail = (
+                f"the checkpoint saved after the notice committed to {self._dest}; the next "
+                "attempt resumes from it"
+            )
+        else:
+            detail = (
+                f"no save to {self._dest} committed after the notice; the next attempt resumes from "
+                "the newest earlier one, if any"
+            )
+        return notice.preempted_exit(current, detail=detail, saved=saved)
 
     # -- load --------------------------------------------------------------------------------
 
@@ -243,12 +293,14 @@ class Checkpoint(BaseCheckpoint):
         content = _validated(data)
         self._refuse_destination_inside(content)
         if background:
+            self._budget.check_fits(content, self._dest)
             with self._background_saver().paused():
                 snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
             snapshot.progress = progress
             self._background_saver().submit(snapshot)
             return
         self.wait_sync()
+        self._budget.check_fits(content, self._dest)
         self._upload(Snapshot(content, progress=progress))
 
     def _refuse_destination_inside(self, content: bytes | Path) -> None:
@@ -279,9 +331,11 @@ class Checkpoint(BaseCheckpoint):
         """Block until background saves are done; raise the failure of the newest that failed.
 
         A failed save that a newer, successful save overtook is logged at WARNING, not raised.
+        After a preemption notice the wait ends at the save deadline (a margin before the
+        expected SIGKILL) with :class:`PreemptionDeadlineError`; the upload goes on meanwhile.
         """
         if self._saver is not None:
-            self._saver.wait()
+            self._saver.wait(until=notice.save_deadline())
 
     async def wait(self) -> None:
         """Async :meth:`wait_sync`."""
@@ -293,6 +347,10 @@ class Checkpoint(BaseCheckpoint):
         return self._saver
 
     def _upload(self, snapshot: Snapshot) -> None:
+        with notice.save_in_flight(), self._budget.measure(snapshot.data), finish_by(notice.save_ceiling()):
+            self._save_snapshot(snapshot)
+
+    def _save_snapshot(self, snapshot: Snapshot) -> None:
         with snapshot.errors_for_the_caller():
             save_object(
                 self._dest_backend,

@@ -8,6 +8,7 @@ written against plain Python exceptions keeps working.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 class CheckpointError(Exception):
@@ -90,6 +91,42 @@ class UnsupportedURIError(CheckpointError, ValueError):
 
 class BackendNotInstalledError(CheckpointError, ImportError):
     """The fsspec backend for a URI scheme is not installed; the message names the extra."""
+
+
+class PreemptionDeadlineError(CheckpointTimeoutError):
+    """A save after a preemption notice was not started, or was stopped, because it could not
+    commit before the expected SIGKILL; the previous checkpoint (or the one in flight) is kept."""
+
+
+class Preempted(SystemExit):
+    """The task stops because the machine is being taken away (a preemption notice).
+
+    Raised by ``raise checkpoint.preemption()`` in a task that handles the notice, and in the
+    main thread of one that does not, once its saves in flight have committed. A ``SystemExit``,
+    so ``except Exception`` does not swallow it; uncaught, it ends the process with status
+    :attr:`code`, ``128 + signum`` (143 for SIGTERM), what a shell reports for a process the
+    signal ended. The runners catch it and retry on their own preemption budget, never the
+    user's ``retries``.
+    """
+
+    def __init__(self, message: str, *, source: str, signal: int | None, saved: bool | None) -> None:
+        super().__init__(128 + (signal or 15))
+        self.message = message
+        self.source = source
+        """What gave notice: ``"SIGTERM"``, ``"aws-spot"``, ..."""
+        self.signal = signal
+        self.saved = saved
+        """Whether a save committed after the notice (``None``: not known where it was raised)."""
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only arguments: pickled by hand (Ray, processes)
+        return (_rebuild_preempted, (self.message, self.source, self.signal, self.saved))
+
+
+def _rebuild_preempted(message: str, source: str, signal: int | None, saved: bool | None) -> Preempted:
+    return Preempted(message, source=source, signal=signal, saved=saved)
 
 
 class ConfigurationError(CheckpointError, ValueError):

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointUnavailableError, InputChangedError
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
+from flyte_checkpoint.storage.deadline import current_ceiling
 from flyte_checkpoint.storage.digests import ContentDigest, digest_of
 
 # Metadata keys stored with every object this package writes. They let a reader verify the
@@ -107,6 +108,8 @@ class ObjectWriter(abc.ABC):
         self._gate = gate
         """When given, every write first waits until it is set (a background save's pause)."""
         self._declared: tuple[str, int] | None = None
+        self._ceiling = current_ceiling()
+        """Checked as bytes are counted and before the commit: a local save has no store loop."""
 
     def declare(self, digest: str | None, size: int | None) -> None:
         """Promise the content's labelled digest and size; :meth:`commit` refuses anything else."""
@@ -128,6 +131,11 @@ class ObjectWriter(abc.ABC):
         self._size += len(data)
         if self._progress is not None:
             self._progress.advance(self._size)
+        self._check_ceiling()
+
+    def _check_ceiling(self) -> None:
+        if self._ceiling is not None and self._ceiling.passed():
+            raise self._ceiling.error("saving", self.uri)
 
     def _count_crc32(self, crc: int, length: int) -> None:
         """Count ``length`` bytes digested elsewhere as ``crc`` (see :attr:`ContentDigest.joinable`)."""
@@ -158,6 +166,11 @@ class ObjectWriter(abc.ABC):
         """Make the object visible at its destination, atomically, with its digest recorded."""
         if self._finished:
             raise RuntimeError(f"write to {self.uri} already finished")
+        try:
+            self._check_ceiling()
+        except BaseException:
+            self.abort()
+            raise
         self._finished = True
         self.metadata[DIGEST_KEY] = self._digest.value
         self.metadata[SIZE_KEY] = str(self._size)

@@ -31,6 +31,11 @@ The bound is the storage option ``transfer_timeout`` when given; by default it i
 :data:`BASE_SECONDS` plus :data:`SECONDS_PER_MIB` for every MiB the transfer moves (known up
 front for loads and file saves, counted as it is written for directory saves): an operation
 averaging less than 1 MiB/s after two minutes is taken as stuck.
+
+A caller may also set a *ceiling* for the operations it starts (:func:`finish_by`): a moment no
+bound passes, whatever the store. A save made after a preemption notice is bounded so by the
+time left before the expected SIGKILL. Writers read it when they are made (:func:`current_ceiling`)
+so a local save, which has no store loop, checks it too.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import threading
 import time
 import weakref
 from collections.abc import Coroutine, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from flyte_checkpoint.errors import CheckpointTimeoutError
 
@@ -61,6 +66,51 @@ _MiB = 1 << 20
 _current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
     "flyte_checkpoint_deadline", default=None
 )
+
+
+class Ceiling(NamedTuple):
+    """A moment (``time.monotonic()``) that bounds every operation started under it, and why."""
+
+    at: float
+    reason: str
+    """What the moment is, for the error: "the preemption deadline (SIGKILL expected in 12 s)"."""
+    error_type: type[CheckpointTimeoutError] = CheckpointTimeoutError
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def error(self, action: str, uri: str) -> CheckpointTimeoutError:
+        return self.error_type(
+            f"{action} {uri} was stopped: it could not finish before {self.reason}; nothing of it "
+            "was committed, and the previous checkpoint is kept"
+        )
+
+
+_ceiling: contextvars.ContextVar[Ceiling | None] = contextvars.ContextVar(
+    "flyte_checkpoint_ceiling", default=None
+)
+
+
+@contextlib.contextmanager
+def finish_by(ceiling: Ceiling | None) -> Iterator[None]:
+    """Operations started in this block (this thread or task) end by ``ceiling.at`` at the latest;
+    ``None`` adds no bound. A sooner ceiling already in force stays."""
+    outer = _ceiling.get()
+    if ceiling is None or (outer is not None and outer.at <= ceiling.at):
+        yield
+        return
+    token = _ceiling.set(ceiling)
+    try:
+        yield
+    finally:
+        _ceiling.reset(token)
+
+
+def current_ceiling() -> Ceiling | None:
+    """The ceiling in force for operations started here, if any (see :func:`finish_by`)."""
+    return _ceiling.get()
+
+
 _TIMER_SLACK = 0.01
 """Seconds the watchdog's timer runs past a bound, so the bound has surely passed when it fires."""
 _watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = weakref.WeakKeyDictionary()
@@ -90,9 +140,11 @@ class Deadline:
         loop: asyncio.AbstractEventLoop | None,
         seconds: float | None = None,
         size: int | None = None,
+        ceiling: Ceiling | bool | None = True,
     ) -> None:
         """``seconds`` fixes the bound (the ``transfer_timeout`` option); without it the bound
-        is the default one for ``size`` bytes, grown by :meth:`allow_for` as bytes move."""
+        is the default one for ``size`` bytes, grown by :meth:`allow_for` as bytes move.
+        ``ceiling``: ``True`` takes the one in force (:func:`finish_by`), else the one given."""
         self._uri = uri
         self._action = action
         self._loop = loop
@@ -101,6 +153,7 @@ class Deadline:
         self._moved = size or 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog: _Watchdog | None = None
+        self._ceiling = current_ceiling() if ceiling is True else (ceiling or None)
         self.fired = False
         """Whether the bound passed and the operation's tasks were cancelled."""
 
@@ -120,7 +173,8 @@ class Deadline:
 
     def expires_at(self) -> float:
         """The ``time.monotonic()`` at which the bound passes (as far as it is known yet)."""
-        return self._started + self.seconds
+        own = self._started + self.seconds
+        return own if self._ceiling is None else min(own, self._ceiling.at)
 
     def abort_seconds(self) -> float:
         """How long cleaning up after a failure may take."""
@@ -129,10 +183,13 @@ class Deadline:
     def for_cleanup(self) -> Deadline:
         """A new bound of :meth:`abort_seconds` for cleaning up after this operation failed."""
         action = f"cleaning up after {self._action}"
-        return Deadline(self._uri, action, loop=self._loop, seconds=self.abort_seconds())
+        # Not under the ceiling: an abort must run even once the operation itself ran out of time.
+        return Deadline(self._uri, action, loop=self._loop, seconds=self.abort_seconds(), ceiling=None)
 
     def expired(self) -> CheckpointTimeoutError:
         """The error to raise now that the bound has passed."""
+        if self._ceiling is not None and self._ceiling.at < self._started + self.seconds:
+            return self._ceiling.error(self._action, self._uri)
         option = "transfer_timeout" if self._fixed is not None else "default bound (set transfer_timeout)"
         return CheckpointTimeoutError(
             f"{self._action} {self._uri} did not finish within {self.seconds:.0f} s (its {option}); "

@@ -1,0 +1,91 @@
+"""Whether one more save fits in the time a preemption notice leaves, from this helper's own saves."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from flyte_checkpoint.errors import PreemptionDeadlineError
+from flyte_checkpoint.preemption import notice
+from flyte_checkpoint.progress import human_size
+
+_Kind = str  # "bytes", "file" or "directory"
+
+
+def _kind_and_size(content: bytes | Path) -> tuple[_Kind, int | None]:
+    """What is saved and, where a stat tells it cheaply, how many bytes (``None`` for a directory:
+    its size would take a walk of the tree, and a training state's is much the same each time)."""
+    if isinstance(content, bytes):
+        return "bytes", len(content)
+    try:
+        status = os.stat(content)
+    except OSError:
+        return "file", None
+    if os.path.isdir(content):
+        return "directory", None
+    return "file", status.st_size
+
+
+class SaveBudget:
+    """The duration of this helper's last committed save of each kind, and when saves committed.
+
+    After a notice, :meth:`check_fits` refuses to start a save whose estimate (the last save of
+    the same kind, scaled by size where the size is known) does not fit before the save deadline:
+    starting it would only be cut off by the SIGKILL or by the save's own bound. A helper that
+    never saved has nothing to go by, so its save is tried, bounded by the deadline.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[_Kind, tuple[int | None, float]] = {}
+        self._last_commit: float | None = None
+
+    @contextmanager
+    def measure(self, content: bytes | Path) -> Iterator[None]:
+        """Time the save in the block; record it when it commits."""
+        kind, size = _kind_and_size(content)
+        started = time.monotonic()
+        yield
+        finished = time.monotonic()
+        with self._lock:
+            self._last[kind] = (size, finished - started)
+            self._last_commit = finished
+
+    def committed_since(self, moment: float) -> bool:
+        """Whether a save committed after ``moment`` (``time.monotonic()``)."""
+        with self._lock:
+            return self._last_commit is not None and self._last_commit >= moment
+
+    def estimate(self, content: bytes | Path) -> tuple[float, str] | None:
+        """Seconds a save of ``content`` should take and what that is based on; ``None`` if unknown."""
+        kind, size = _kind_and_size(content)
+        with self._lock:
+            last = self._last.get(kind)
+        if last is None:
+            return None
+        last_size, seconds = last
+        if size is None or not last_size:
+            return seconds, f"the last {kind} save took {seconds:.1f} s"
+        scaled = seconds * size / last_size
+        return scaled, f"the last {kind} save moved {human_size(last_size)} in {seconds:.1f} s"
+
+    def check_fits(self, content: bytes | Path, uri: str) -> None:
+        """Raise :class:`PreemptionDeadlineError` if a save of ``content`` cannot commit in time."""
+        current = notice.current_notice()
+        deadline = notice.save_deadline()
+        if current is None or deadline is None:
+            return
+        left = deadline - time.monotonic()
+        estimate = self.estimate(content)
+        if left > 0 and (estimate is None or estimate[0] <= left):
+            return
+        why = "no time is left" if left <= 0 else f"it is estimated at {estimate[0]:.1f} s ({estimate[1]})"  # type: ignore[index]
+        raise PreemptionDeadlineError(
+            f"not saving to {uri}: {why}, and {max(left, 0.0):.1f} s remain before the save deadline "
+            f"({current.describe()}, {current.margin:.1f} s kept free to exit); the checkpoint there "
+            "(or the save already in flight) is kept"
+        )

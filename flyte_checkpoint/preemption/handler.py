@@ -1,0 +1,196 @@
+"""Turning SIGTERM (or any chosen signal) into a preemption notice, and ending a task that does
+not handle it once its saves are done.
+
+The handler only records the notice (:func:`.notice.notify_signal`) and calls the handler that
+was installed before it, if that was a Python function; nothing else happens inside it: no
+I/O, no locks, no logging, so it cannot deadlock with the code it interrupted (Lightning's
+intermittent hangs came from saving inside its handler). Everything else runs in a watcher
+thread:
+
+* a task that reads ``checkpoint.preempted`` (or ``time_left()``) has taken the notice over:
+  it saves and stops when it decides to (the documented one-line loop);
+* a task that never does is let run until every save in flight has committed (bounded by the
+  deadline), then its main thread is ended: the watcher sends the signal again to that thread
+  alone, and the handler raises :class:`~flyte_checkpoint.errors.Preempted` there (a
+  ``SystemExit`` whose status is the signal's usual ``128 + signum``). ``finally`` blocks and
+  ``with`` blocks run; the runners decide the exit.
+
+Handlers can be installed from the main thread only (Python's rule); elsewhere installing does
+nothing and says so in a DEBUG line. Installing again (a runner inside the Flyte plugin) reuses
+the handlers in place; the last uninstall restores what was there before.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import FrameType, TracebackType
+from typing import Any
+
+from flyte_checkpoint.errors import ConfigurationError, Preempted
+from flyte_checkpoint.preemption import notice
+
+logger = logging.getLogger("flyte_checkpoint")
+
+DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM,)
+_POLL_SECONDS = 0.05
+
+_SignalHandler = Callable[[int, FrameType | None], Any] | int | None
+
+
+class _State:
+    """What is installed, shared by every :class:`PreemptionHandler` of the process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # taken by install/uninstall only, never by the handler
+        self.users = 0
+        self.previous: dict[int, _SignalHandler] = {}
+        self.grace_seconds = notice.DEFAULT_GRACE_SECONDS
+        self.end_main_thread = True
+        self.ending: Preempted | None = None
+        """Set by the watcher just before it signals the main thread, to end it with this."""
+        self.stop = threading.Event()
+        self.watcher: threading.Thread | None = None
+
+
+_state = _State()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    ending = _state.ending
+    if ending is not None:
+        _state.ending = None
+        raise ending
+    notice.notify_signal(signum, _state.grace_seconds)
+    previous = _state.previous.get(signum)
+    if callable(previous) and previous is not signal.default_int_handler:
+        previous(signum, frame)
+
+
+class PreemptionHandler:
+    """The installed preemption handling; :meth:`uninstall` (or leaving ``with``) restores the
+    signal handlers that were there before. See :func:`install_preemption_handler`."""
+
+    def __init__(self, installed: bool) -> None:
+        self.installed = installed
+        """Whether this call installed anything (``False`` outside the main thread)."""
+        self._done = False
+
+    def uninstall(self) -> None:
+        """Restore the previous handlers once the last installation is uninstalled (idempotent)."""
+        if self._done or not self.installed:
+            return
+        self._done = True
+        with _state.lock:
+            _state.users -= 1
+            if _state.users:
+                return
+            for signum, previous in _state.previous.items():
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            _state.previous.clear()
+            _state.stop.set()
+            watcher, _state.watcher = _state.watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join()
+
+    def __enter__(self) -> PreemptionHandler:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.uninstall()
+
+
+def install_preemption_handler(
+    signals: Iterable[int | signal.Signals] = DEFAULT_SIGNALS,
+    *,
+    grace_seconds: float | None = None,
+    end_main_thread: bool = True,
+) -> PreemptionHandler:
+    """Turn each of ``signals`` into a preemption notice (default: SIGTERM alone).
+
+    ``grace_seconds`` is the time from the signal to the expected SIGKILL; ``None`` reads
+    ``FLYTE_CHECKPOINT_GRACE_SECONDS`` (30 s when unset). SLURM's ``--signal=USR1@90`` wants
+    ``signals=[signal.SIGUSR1], grace_seconds=90``. With ``end_main_thread`` (the default), a
+    task that never reads ``checkpoint.preempted`` is ended once its saves in flight have
+    committed (see the module docstring); ``False`` leaves stopping to the code entirely.
+
+    Runners (:func:`~flyte_checkpoint.run_with_retries`, :func:`~flyte_checkpoint.load_and_run_task`,
+    ``flyte-checkpoint run``, the Flyte plugin) install it themselves; call it for other entry
+    points, from the main thread, best as a context manager::
+
+        with install_preemption_handler(grace_seconds=60):
+            train()
+    """
+    wanted = [_signal_number(each) for each in signals]
+    if not wanted:
+        raise ConfigurationError("signals is empty; name at least one, e.g. signal.SIGTERM")
+    grace = notice.check_grace_seconds(grace_seconds)
+    if threading.current_thread() is not threading.main_thread():
+        logger.debug("preemption handler not installed: signal handlers can be set in the main thread only")
+        return PreemptionHandler(installed=False)
+    with _state.lock:
+        if _state.users == 0:
+            _state.grace_seconds = grace
+            _state.end_main_thread = end_main_thread
+            _state.ending = None
+            _state.stop = threading.Event()
+        for signum in wanted:
+            if signum not in _state.previous:
+                _state.previous[signum] = signal.signal(signum, _on_signal)
+        _state.users += 1
+        if _state.watcher is None:
+            _state.watcher = threading.Thread(
+                target=_watch, args=(_state.stop,), name="flyte-checkpoint-preemption", daemon=True
+            )
+            _state.watcher.start()
+    return PreemptionHandler(installed=True)
+
+
+def _signal_number(value: int | signal.Signals) -> int:
+    try:
+        return int(signal.Signals(value))
+    except (ValueError, TypeError):
+        raise ConfigurationError(
+            f"{value!r} is not a signal; pass e.g. signal.SIGTERM or signal.SIGUSR1"
+        ) from None
+
+
+def _watch(stop: threading.Event) -> None:
+    """End the main thread of a task that did not take the notice over, once its saves are done."""
+    while not stop.wait(_POLL_SECONDS):
+        current = notice.current_notice()
+        if current is None or notice.taken_over() or not _state.end_main_thread:
+            continue
+        logger.warning(
+            "preemption notice: %s; the task does not handle it, so it ends once the saves in "
+            "flight have committed",
+            current.describe(),
+        )
+        until = current.deadline - current.margin
+        done = False
+        while not (done := notice.wait_for_saves(min(until, time.monotonic() + _POLL_SECONDS))):
+            if notice.taken_over() or stop.is_set() or time.monotonic() >= until:
+                break
+        if notice.taken_over() or stop.is_set():
+            continue
+        detail = (
+            "the saves in flight committed first"
+            if done
+            else "a save still in flight did not commit in time; the previous checkpoint is kept "
+            "unless it does"
+        )
+        _end_main_thread(notice.preempted_exit(current, detail=detail))
+        return
+
+
+def _end_main_thread(ending: Preempted) -> None:
+    signum = ending.signal if ending.signal in _state.previous else next(iter(_state.previous), None)
+    if signum is None:
+        return
+    _state.ending = ending
+    signal.pthread_kill(threading.main_thread().ident or 0, signum)

@@ -1,0 +1,204 @@
+"""The preemption notice: that this process will be killed soon, and by when.
+
+A signal handler (:mod:`.handler`) or a cloud watcher records the notice with :func:`notify`;
+everything else reads it in ordinary code. Recording only assigns a module global (no locks, no
+I/O, no logging), so it is safe at any instant of the interrupted main thread.
+
+The deadline is when the SIGKILL is expected: the notice's time plus the grace period, which
+comes from the argument of whoever installed the handler, else ``FLYTE_CHECKPOINT_GRACE_SECONDS``,
+else :data:`DEFAULT_GRACE_SECONDS` (Kubernetes' ``terminationGracePeriodSeconds`` default).
+Saves made after the notice finish by :func:`save_deadline`, a safety margin before it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from flyte_checkpoint.errors import ConfigurationError, Preempted, PreemptionDeadlineError
+from flyte_checkpoint.storage.deadline import Ceiling
+
+GRACE_SECONDS_ENV = "FLYTE_CHECKPOINT_GRACE_SECONDS"
+DEFAULT_GRACE_SECONDS = 30.0
+"""Kubernetes' default ``terminationGracePeriodSeconds``: SIGTERM, then SIGKILL 30 s later."""
+
+
+@dataclass(frozen=True)
+class PreemptionNotice:
+    """This process was told it will be stopped: by what, when, and when the SIGKILL is due."""
+
+    source: str
+    """``"SIGTERM"``, ``"SIGUSR1"``, ... or a cloud's notice (``"aws-spot"``, ``"gce"``, ``"azure"``)."""
+    signal: int | None
+    """The signal number, for a signal; ``None`` for a cloud notice."""
+    received_at: float
+    """``time.monotonic()`` when the notice arrived."""
+    grace_seconds: float
+    """Seconds from the notice to the expected SIGKILL."""
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` at which the SIGKILL is expected."""
+        return self.received_at + self.grace_seconds
+
+    def time_left(self) -> float:
+        """Seconds until the expected SIGKILL (0 once it is due)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    @property
+    def margin(self) -> float:
+        """Seconds kept free before the deadline: for the process to report and exit."""
+        return safety_margin(self.grace_seconds)
+
+    def describe(self) -> str:
+        """E.g. ``"SIGTERM 2.1 s ago (SIGKILL expected in 27.9 s)"``."""
+        ago = time.monotonic() - self.received_at
+        return f"{self.source} {ago:.1f} s ago (SIGKILL expected in {self.time_left():.1f} s)"
+
+
+def preempted_exit(current: PreemptionNotice, *, detail: str, saved: bool | None = None) -> Preempted:
+    """The :class:`Preempted` that ends a task for ``current``, its message ending in ``detail``."""
+    return Preempted(
+        f"preempted by {current.describe()}: {detail}",
+        source=current.source,
+        signal=current.signal,
+        saved=saved,
+    )
+
+
+def safety_margin(grace_seconds: float) -> float:
+    """A tenth of the grace period, between 0.5 and 5 seconds (never more than half of it)."""
+    return min(grace_seconds / 2, max(0.5, min(5.0, grace_seconds / 10)))
+
+
+def grace_seconds_from_env(default: float = DEFAULT_GRACE_SECONDS) -> float:
+    """``FLYTE_CHECKPOINT_GRACE_SECONDS`` (``default`` when unset or blank); a clear error when malformed."""
+    raw = os.environ.get(GRACE_SECONDS_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigurationError(
+            f"{GRACE_SECONDS_ENV}={raw!r} is not a number of seconds > 0; set it to the time between "
+            "SIGTERM and SIGKILL (Kubernetes: terminationGracePeriodSeconds) or unset it for 30 s"
+        )
+    return value
+
+
+def check_grace_seconds(value: float | None) -> float:
+    """``value`` if it is a valid grace period, the configured one for ``None``; else a clear error."""
+    if value is None:
+        return grace_seconds_from_env()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ConfigurationError(
+            "grace_seconds must be a number of seconds > 0 (the time between SIGTERM and SIGKILL), "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
+# -- the process-wide state -------------------------------------------------------------------
+
+_notice: PreemptionNotice | None = None
+_taken_over = False
+
+
+def notify(source: str, grace_seconds: float, signum: int | None = None) -> PreemptionNotice:
+    """Record a notice; a later one counts only if its deadline is sooner. Safe in a signal handler."""
+    global _notice
+    arrived = PreemptionNotice(source, signum, time.monotonic(), grace_seconds)
+    current = _notice
+    if current is None or arrived.deadline < current.deadline:
+        _notice = arrived  # one assignment: atomic for every thread and for the interrupted code
+        return arrived
+    return current
+
+
+def notify_signal(signum: int, grace_seconds: float) -> PreemptionNotice:
+    """:func:`notify` for a signal, named as ``signal.Signals`` names it."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return notify(name, grace_seconds, signum)
+
+
+def current_notice() -> PreemptionNotice | None:
+    """The notice this process received, or ``None``."""
+    return _notice
+
+
+def take_over() -> None:
+    """Task code reads the notice (``checkpoint.preempted``): it decides when to stop, so the
+    handler's watcher no longer ends the main thread for it once saves are done."""
+    global _taken_over
+    _taken_over = True
+
+
+def taken_over() -> bool:
+    return _taken_over
+
+
+def clear() -> None:
+    """Forget the notice (and the take-over): a runner starting another attempt in this process."""
+    global _notice, _taken_over
+    _notice = None
+    _taken_over = False
+
+
+def save_deadline() -> float | None:
+    """``time.monotonic()`` by which a save must have committed, or ``None`` without a notice."""
+    notice = _notice
+    return None if notice is None else notice.deadline - notice.margin
+
+
+def save_ceiling() -> Ceiling | None:
+    """The bound of a save started now: :func:`save_deadline`, as the storage layer takes it."""
+    notice = _notice
+    if notice is None:
+        return None
+    reason = f"the preemption deadline ({notice.describe()})"
+    return Ceiling(notice.deadline - notice.margin, reason, PreemptionDeadlineError)
+
+
+# -- saves in flight, process-wide ------------------------------------------------------------
+
+_saves = threading.Condition()
+_in_flight = 0
+
+
+@contextmanager
+def save_in_flight() -> Iterator[None]:
+    """Count the block as a save in flight (never entered from a signal handler)."""
+    global _in_flight
+    with _saves:
+        _in_flight += 1
+    try:
+        yield
+    finally:
+        with _saves:
+            _in_flight -= 1
+            _saves.notify_all()
+
+
+def saves_in_flight() -> int:
+    return _in_flight
+
+
+def wait_for_saves(until: float) -> bool:
+    """Wait until no save is in flight or ``time.monotonic()`` reaches ``until``; whether none is."""
+    with _saves:
+        while _in_flight:
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            _saves.wait(min(left, 0.25))
+        return True
