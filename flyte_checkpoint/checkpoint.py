@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import os
 import stat
 import tempfile
@@ -20,6 +21,8 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
     Preempted,
     UnsupportedTypeError,
+    add_context,
+    describe_error,
 )
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.budget import SaveBudget
@@ -42,6 +45,8 @@ from flyte_checkpoint.uris import (
     repair_prev_checkpoint_uri,
 )
 from flyte_checkpoint.workspace import Workspace
+
+logger = logging.getLogger("flyte_checkpoint")
 
 CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
 """The key under which :attr:`TaskContext.checkpoint` caches its helper in ``TaskContext.data``."""
@@ -390,7 +395,13 @@ class Checkpoint(BaseCheckpoint):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as failure:
+            _attach_close_failure(exc, failure, self._dest)
 
     async def __aenter__(self) -> Checkpoint:
         return self
@@ -401,10 +412,25 @@ class Checkpoint(BaseCheckpoint):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
 
     def __repr__(self) -> str:
         return f"Checkpoint(checkpoint_dest={self._dest!r}, checkpoint_src={self._src!r})"
+
+
+def _attach_close_failure(exc: BaseException, failure: Exception, dest: str) -> None:
+    """Leaving a ``with`` block by ``exc``: a failure to close (a background save that failed)
+    is told beside it, never instead of it, so the task's own error (or its preemption) is the
+    one that propagates."""
+    logger.error(
+        "closing the checkpoint helper of %s failed while another error propagated: %s", dest, failure
+    )
+    add_context(
+        exc,
+        f"flyte_checkpoint: closing the checkpoint helper of {dest} also failed: {describe_error(failure)}",
+    )
+    if exc.__context__ is None:
+        exc.__context__ = failure
 
 
 def _validated(data: SaveData) -> bytes | Path:

@@ -265,3 +265,50 @@ def test_the_info_line_of_a_background_save_names_the_callers_directory(
     (saved,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("saved")]
     assert f"directory {model_dir}:" in saved
     assert ".flyte-cp-snapshot-" not in saved
+
+
+def failing_uploads(monkeypatch: pytest.MonkeyPatch, cp: Checkpoint) -> None:
+    def upload_fails(uri: str, metadata: Any, **declared: Any) -> Any:
+        raise CheckpointStorageError("injected upload failure")
+
+    monkeypatch.setattr(cp._dest_backend, "open_write", upload_fails)
+
+
+def save_then_fail(cp: Checkpoint) -> None:
+    with cp:
+        cp.save_sync(b"step 1", background=True)
+        raise KeyError("the task's own error")
+
+
+def test_the_tasks_own_error_leaves_a_with_block_with_the_background_failure_attached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    failing_uploads(monkeypatch, cp)
+    with pytest.raises(KeyError, match="the task's own error") as raised:
+        save_then_fail(cp)
+    assert any("injected upload failure" in note for note in getattr(raised.value, "__notes__", []))
+
+
+async def test_the_tasks_own_error_leaves_an_async_with_block_as_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    failing_uploads(monkeypatch, cp)
+
+    async def task() -> None:
+        async with cp:
+            await cp.save(b"step 1", background=True)
+            raise KeyError("the task's own error")
+
+    with pytest.raises(KeyError, match="the task's own error"):
+        await task()
+
+
+def test_a_background_failure_still_leaves_a_with_block_that_ended_normally(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    failing_uploads(monkeypatch, cp)
+    with pytest.raises(CheckpointStorageError, match="injected upload failure"), cp:
+        cp.save_sync(b"step 1", background=True)
