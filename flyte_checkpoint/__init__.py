@@ -22,11 +22,14 @@ from flyte_checkpoint.errors import (
     ConfigurationError,
     InputChangedError,
     InvalidCheckpointInputError,
+    Preempted,
+    PreemptionDeadlineError,
     UnsafeArchiveError,
     UnsupportedTypeError,
     UnsupportedURIError,
 )
 from flyte_checkpoint.latest import latest_checkpoint
+from flyte_checkpoint.preemption import PreemptionNotice, install_preemption_handler
 from flyte_checkpoint.runners import (
     checkpoint_paths_for_run,
     load_and_run_task,
@@ -61,6 +64,9 @@ __all__ = [
     "ExtractionLimits",
     "InputChangedError",
     "InvalidCheckpointInputError",
+    "Preempted",
+    "PreemptionDeadlineError",
+    "PreemptionNotice",
     "RetryPolicy",
     "TaskContext",
     "UnsafeArchiveError",
@@ -69,6 +75,7 @@ __all__ = [
     "__version__",
     "checkpoint_paths_for_run",
     "ctx",
+    "install_preemption_handler",
     "latest_checkpoint",
     "load_and_run_task",
     "repair_prev_checkpoint_uri",

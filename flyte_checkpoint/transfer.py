@@ -106,12 +106,33 @@ def _save_once(
         return _committed(writer, pack, check_unchanged)
     with translated_os_errors(str(shown_as), "reading"), open(content, "rb") as source:
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, source, progress=progress, gate=gate)
+        opened = _version_of(source)
+
+        def check() -> None:
+            if check_unchanged is not None:
+                check_unchanged()
+            if _version_of(source) != opened:
+                raise InputChangedError(
+                    f"{shown_as} was modified while it was being saved (its size or modification "
+                    "time changed), so what was read may mix two versions; the save was discarded "
+                    "and the previous checkpoint kept. Write the new file under another name and "
+                    "rename it over the old one (os.replace), or save only once writing is done"
+                )
+
         try:
-            return _committed(writer, lambda: writer.write_from(source), check_unchanged)
+            return _committed(writer, lambda: writer.write_from(source), check)
         except InputChangedError as exc:
             if isinstance(shown_as, Path) and shown_as != content:  # it names the private snapshot read
                 add_context(exc, f"{content} is the snapshot of {shown_as} this save was reading")
             raise
+
+
+def _version_of(source: IO[bytes]) -> tuple[int, int]:
+    """Size and modification time of the open file: a writer truncating or rewriting it (as
+    ``torch.save`` to the same name does) moves them, a rename over its name does not (the
+    open file is still the old, whole one)."""
+    status = os.fstat(source.fileno())
+    return status.st_size, status.st_mtime_ns
 
 
 def _committed(
