@@ -107,13 +107,14 @@ def _save_once(
     with translated_os_errors(str(shown_as), "reading"), open(content, "rb") as source:
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, source, progress=progress, gate=gate)
         opened = _version_of(source)
+        named = shown_as if isinstance(shown_as, Path) else content
 
         def check() -> None:
             if check_unchanged is not None:
                 check_unchanged()
             if _version_of(source) != opened:
                 raise InputChangedError(
-                    f"{shown_as} was modified while it was being saved (its size or modification "
+                    f"{named} was modified while it was being saved (its size or modification "
                     "time changed), so what was read may mix two versions; the save was discarded "
                     "and the previous checkpoint kept. Write the new file under another name and "
                     "rename it over the old one (os.replace), or save only once writing is done"

@@ -70,7 +70,7 @@ def test_a_file_replaced_by_a_rename_during_its_save_stores_the_whole_old_versio
     source = tmp_path / "model.pt"
     old = os.urandom(16 * MiB)
     source.write_bytes(old)
-    replaced = []
+    replaced: list[bool] = []
 
     def rename_over(done: int, total: int | None) -> None:
         if not replaced:
