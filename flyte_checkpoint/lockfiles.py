@@ -25,12 +25,18 @@ SNAPSHOT_PREFIX = ".flyte-cp-snapshot-"
 def create_locked(path: Path, mode: int = 0o600) -> int | None:
     """Create ``path`` and lock it; the descriptor, or ``None`` if a sweep took it meanwhile.
 
-    A sweep may lock and unlink the file between its creation and our lock; the caller then
-    tries again with a new name.
+    Between the file's creation and our lock, a sweep (another thread or process) may find it
+    unlocked, take its lock, and remove it with what it guards: our lock then fails, or the file
+    is gone once we hold it. Either way the caller tries again with a new name; a sweep holding
+    the lock is never an error (it was, 1-2% of the time, with 8 threads making workspaces).
     """
     # Readable too: a local save reads back what the kernel copied into its temp file.
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
     try:
         if os.path.samestat(os.fstat(fd), os.lstat(path)):
             return fd
