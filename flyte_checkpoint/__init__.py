@@ -5,7 +5,13 @@ in ``async def`` tasks, ``load_sync()``/``save_sync()`` in ``def`` tasks.
 """
 
 from flyte_checkpoint.archive import ExtractionLimits
-from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY, BaseCheckpoint, Checkpoint
+from flyte_checkpoint.checkpoint import (
+    CHECKPOINT_CACHE_KEY,
+    BaseCheckpoint,
+    Checkpoint,
+    SaveData,
+    current_checkpoint,
+)
 from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, task_context
 from flyte_checkpoint.errors import (
     ArchiveLimitError,
@@ -22,6 +28,7 @@ from flyte_checkpoint.errors import (
     ConfigurationError,
     InputChangedError,
     InvalidCheckpointInputError,
+    NoTaskCheckpointError,
     Preempted,
     PreemptionDeadlineError,
     UnsafeArchiveError,
@@ -30,6 +37,7 @@ from flyte_checkpoint.errors import (
 )
 from flyte_checkpoint.latest import latest_checkpoint
 from flyte_checkpoint.preemption import PreemptionNotice, install_preemption_handler
+from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.runners import (
     checkpoint_paths_for_run,
     load_and_run_task,
@@ -37,6 +45,7 @@ from flyte_checkpoint.runners import (
     run_with_retries,
     run_with_retries_async,
 )
+from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import PAYLOAD_BASENAME
 from flyte_checkpoint.uris import repair_prev_checkpoint_uri
@@ -64,10 +73,14 @@ __all__ = [
     "ExtractionLimits",
     "InputChangedError",
     "InvalidCheckpointInputError",
+    "NoTaskCheckpointError",
     "Preempted",
     "PreemptionDeadlineError",
     "PreemptionNotice",
+    "ProgressCallback",
     "RetryPolicy",
+    "SaveData",
+    "StorageOptions",
     "TaskContext",
     "UnsafeArchiveError",
     "UnsupportedTypeError",
@@ -75,6 +88,7 @@ __all__ = [
     "__version__",
     "checkpoint_paths_for_run",
     "ctx",
+    "current_checkpoint",
     "install_preemption_handler",
     "latest_checkpoint",
     "load_and_run_task",

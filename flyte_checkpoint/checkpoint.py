@@ -19,6 +19,7 @@ from flyte_checkpoint.context import ctx
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
+    NoTaskCheckpointError,
     Preempted,
     UnsupportedTypeError,
     add_context,
@@ -51,7 +52,8 @@ logger = logging.getLogger("flyte_checkpoint")
 CHECKPOINT_CACHE_KEY = "__flyte_checkpoint__"
 """The key under which :attr:`TaskContext.checkpoint` caches its helper in ``TaskContext.data``."""
 
-SaveData = Path | str | bytes
+SaveData = Path | str | os.PathLike[str] | bytes | bytearray | memoryview
+"""What ``save`` takes: bytes-like data, or the path of a regular file or a directory."""
 
 
 class BaseCheckpoint(abc.ABC):
@@ -467,6 +469,31 @@ def _validated(data: SaveData) -> bytes | Path:
             "or directory"
         )
     return path
+
+
+def current_checkpoint() -> Checkpoint:
+    """The running task's checkpoint helper, for typed code: never ``None``.
+
+    ``ctx().checkpoint`` is typed optional twice (no task; no checkpoint paths), which
+    ``mypy --strict`` makes every task check; this raises instead, saying how to run the task.
+
+    Raises:
+        NoTaskCheckpointError: outside a task, or in a task given no checkpoint location.
+    """
+    current = ctx()
+    if current is None:
+        raise NoTaskCheckpointError(
+            "no task is running, so there is no checkpoint: call this inside a task run by "
+            "run_with_retries, load_and_run_task or `flyte-checkpoint run`, a Flyte task (after "
+            "flyte_checkpoint.integrations.flyte.install()), or a `with task_context(...)` block"
+        )
+    helper = current.checkpoint
+    if helper is None:
+        raise NoTaskCheckpointError(
+            "the running task was given no checkpoint location (its TaskContext has no "
+            "checkpoint_paths.checkpoint_path); pass CheckpointPaths(checkpoint_path=...) to it"
+        )
+    return helper
 
 
 def _names_from_context(run_name: str | None, action_name: str | None) -> tuple[str | None, str | None]:

@@ -93,6 +93,10 @@ class BackendNotInstalledError(CheckpointError, ImportError):
     """The fsspec backend for a URI scheme is not installed; the message names the extra."""
 
 
+class NoTaskCheckpointError(CheckpointError, RuntimeError):
+    """A task's checkpoint was asked for outside a task, or in one given no checkpoint location."""
+
+
 class PreemptionDeadlineError(CheckpointTimeoutError):
     """A save after a preemption notice was not started, or was stopped, because it could not
     commit before the expected SIGKILL; the previous checkpoint (or the one in flight) is kept."""
