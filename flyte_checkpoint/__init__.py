@@ -34,6 +34,7 @@ from flyte_checkpoint.errors import (
     UnsafeArchiveError,
     UnsupportedTypeError,
     UnsupportedURIError,
+    UntrustedContentError,
 )
 from flyte_checkpoint.latest import latest_checkpoint
 from flyte_checkpoint.preemption import PreemptionNotice, install_preemption_handler
@@ -85,6 +86,7 @@ __all__ = [
     "UnsafeArchiveError",
     "UnsupportedTypeError",
     "UnsupportedURIError",
+    "UntrustedContentError",
     "__version__",
     "checkpoint_paths_for_run",
     "ctx",

@@ -49,6 +49,11 @@ class UnsafeArchiveError(CheckpointCorruptError):
     """An archive tried to write outside the workspace, or holds a forbidden member type."""
 
 
+class UntrustedContentError(CheckpointCorruptError):
+    """A stored part names code to run on loading (a pickle of something that is not state), and
+    the serializer does not trust the store; nothing of it was run."""
+
+
 class ArchiveLimitError(UnsafeArchiveError):
     """An archive exceeds the configured extraction limits (total bytes or member count)."""
 

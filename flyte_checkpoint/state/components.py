@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from flyte_checkpoint.errors import CheckpointError, UnsupportedTypeError
+from flyte_checkpoint.state.safe_pickle import loads_state
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -72,16 +73,27 @@ class Serializer(Protocol):
 
 @dataclass(frozen=True)
 class PickleSerializer:
-    """The default serializer. Loading a pickle runs code, so load only checkpoints you trust."""
+    """The default serializer: pickle, loading only what a state dict holds unless trusted.
+
+    By default a load resolves only builtin containers and scalars, numpy arrays and torch
+    tensors (see :mod:`flyte_checkpoint.state.safe_pickle`) and refuses anything else with
+    :class:`~flyte_checkpoint.errors.UntrustedContentError`: a pickle can name code to run, and
+    anyone who can write the store could otherwise run it in every job that resumes.
+    ``trusted=True`` unpickles anything, for stores whose every writer is trusted and states
+    holding other objects. Both write the same bytes, recorded as ``"pickle"``.
+    """
 
     protocol: int = pickle.HIGHEST_PROTOCOL
     name: str = "pickle"
+    trusted: bool = False
 
     def dumps(self, obj: Any, /) -> bytes:
         return pickle.dumps(obj, protocol=self.protocol)
 
     def loads(self, data: bytes, /) -> Any:
-        return pickle.loads(data)
+        if self.trusted:
+            return pickle.loads(data)
+        return loads_state(data)
 
 
 PICKLE = PickleSerializer()

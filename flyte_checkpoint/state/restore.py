@@ -16,7 +16,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from flyte_checkpoint.errors import CheckpointCorruptError, InvalidCheckpointInputError
+from flyte_checkpoint.errors import (
+    CheckpointCorruptError,
+    InvalidCheckpointInputError,
+    UntrustedContentError,
+    add_context,
+)
 from flyte_checkpoint.state.components import (
     BYTES_ENCODING,
     FILE_ENCODING,
@@ -151,6 +156,9 @@ def stage(
         data = fetch_bytes(layout.backend, uri, record, label)
         try:
             value = serializer.loads(data)
+        except UntrustedContentError as exc:
+            add_context(exc, f"refused {label}", uri=uri)
+            raise
         except Exception as exc:
             raise CheckpointCorruptError(
                 f"{label} could not be decoded with {serializer.name!r}: {describe_exception(exc)}"
