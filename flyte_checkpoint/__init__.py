@@ -27,6 +27,7 @@ from flyte_checkpoint.errors import (
     UnsupportedURIError,
 )
 from flyte_checkpoint.latest import latest_checkpoint
+from flyte_checkpoint.resume import RestoredFrom
 from flyte_checkpoint.runners import (
     checkpoint_paths_for_run,
     load_and_run_task,
@@ -61,6 +62,7 @@ __all__ = [
     "ExtractionLimits",
     "InputChangedError",
     "InvalidCheckpointInputError",
+    "RestoredFrom",
     "RetryPolicy",
     "TaskContext",
     "UnsafeArchiveError",
