@@ -39,6 +39,7 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.latest import latest_checkpoint
 from flyte_checkpoint.preemption import PreemptionNotice, install_preemption_handler
 from flyte_checkpoint.progress import ProgressCallback
+from flyte_checkpoint.resume import RestoredFrom
 from flyte_checkpoint.runners import (
     checkpoint_paths_for_run,
     load_and_run_task,
@@ -79,6 +80,7 @@ __all__ = [
     "PreemptionDeadlineError",
     "PreemptionNotice",
     "ProgressCallback",
+    "RestoredFrom",
     "RetryPolicy",
     "SaveData",
     "StorageOptions",

@@ -28,6 +28,7 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.budget import SaveBudget
 from flyte_checkpoint.progress import ProgressCallback
+from flyte_checkpoint.resume import MAX_WALK_BACK, RestoredFrom, restore_newest
 from flyte_checkpoint.snapshot import Snapshot, take_snapshot
 from flyte_checkpoint.storage import (
     Backend,
@@ -39,6 +40,7 @@ from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import load_object, save_object
 from flyte_checkpoint.uris import (
+    attempt_uris,
     check_object_uri,
     clean_uri,
     is_local,
@@ -108,8 +110,8 @@ class Checkpoint(BaseCheckpoint):
         compression_level: gzip level for directory archives, 0 (store) to 9.
         extraction_limits: caps on what a directory archive may unpack to.
         repair_prev_uri: apply :func:`repair_prev_checkpoint_uri` to remote sources.
-        run_name, action_name: the names used by that repair; default to the current
-            :class:`TaskContext`'s.
+        run_name, action_name: the names used by that repair and by the walk back to earlier
+            attempts (see :meth:`load_sync`); default to the current :class:`TaskContext`'s.
         retry: how transient storage failures are retried (whole save or load, bounded).
     """
 
@@ -140,14 +142,17 @@ class Checkpoint(BaseCheckpoint):
                 f"compression_level must be 0 (store) to 9, got {compression_level}"
             )
         src = clean_uri(os.fspath(checkpoint_src) if checkpoint_src is not None else None)
-        if src is not None and repair_prev_uri and not is_local(src):
+        if src is not None and not is_local(src):
             run_name, action_name = _names_from_context(run_name, action_name)
-            src = repair_prev_checkpoint_uri(src, run_name=run_name, action_name=action_name)
+            if repair_prev_uri:
+                src = repair_prev_checkpoint_uri(src, run_name=run_name, action_name=action_name)
         for uri in (dest, src):
             if uri is not None:
                 check_object_uri(uri)
         self._dest = dest
         self._src = src
+        self._attempt_names = (run_name, action_name)
+        self._restored_from: RestoredFrom | None = None
         self._storage_options = storage_options
         self._dest_backend = backend_for(dest, storage_options)
         self._src_backend: Backend | None = backend_for(src, storage_options) if src else None
@@ -229,6 +234,16 @@ class Checkpoint(BaseCheckpoint):
 
     # -- load --------------------------------------------------------------------------------
 
+    @property
+    def restored_from(self) -> RestoredFrom | None:
+        """Where the load restored from: the object's ``uri`` and its ``attempt`` directory.
+
+        ``None`` before the first load and when it found nothing to restore. It differs from
+        :attr:`remote_source` when the load walked back to an earlier attempt (see
+        :meth:`load_sync`).
+        """
+        return self._restored_from
+
     def load_sync(self, *, progress: ProgressCallback | None = None) -> Path | None:
         """Restore the previous checkpoint into :attr:`path`; ``None`` when there is none.
 
@@ -236,6 +251,12 @@ class Checkpoint(BaseCheckpoint):
         The first call clears the workspace and fetches; later calls (from any thread) return the
         cached result without fetching again. Errors are not cached: a failed load can be retried.
         ``progress(bytes_read, object_size)`` is called as the object streams in.
+
+        When the previous checkpoint is absent or empty and its remote URI lies under a
+        per-attempt directory (``…/{run_name}/{action_name}/{n}/…``, names known), the load
+        walks back: it restores the newest of up to 16 earlier attempts that saved
+        (:mod:`flyte_checkpoint.resume`), skipping damaged ones with a WARNING, and
+        :attr:`restored_from` says which. Local sources, one path per run, never walk back.
 
         Raises:
             CheckpointCorruptError: the object is damaged (digest, gzip CRC, truncation) or an
@@ -260,15 +281,25 @@ class Checkpoint(BaseCheckpoint):
         src, backend = self._src, self._src_backend
         if src is None or backend is None:
             return None
-        return load_object(
-            backend,
-            src,
-            self._workspace.path,
-            reset=self._workspace.clear,
-            limits=self._limits,
-            retry=self._retry,
-            progress=progress,
-        )
+        run_name, action_name = self._attempt_names
+        candidates = attempt_uris(src, run_name=run_name, action_name=action_name, earlier=MAX_WALK_BACK)
+
+        def load(uri: str) -> Path | None:
+            return load_object(
+                backend,
+                uri,
+                self._workspace.path,
+                reset=self._workspace.clear,
+                limits=self._limits,
+                retry=self._retry,
+                progress=progress,
+            )
+
+        restored = restore_newest(backend, candidates, load, retry=self._retry)
+        if restored is None:
+            return None
+        path, self._restored_from = restored
+        return path
 
     # -- save --------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from flyte_checkpoint.context import ATTEMPT_NUMBER_ENV, attempt_number_from_env, ctx
@@ -11,12 +12,15 @@ from flyte_checkpoint.errors import UnsupportedURIError
 
 __all__ = [
     "ATTEMPT_NUMBER_ENV",
+    "AttemptURI",
     "attempt_number_from_env",
+    "attempt_uris",
     "check_object_uri",
     "check_supported",
     "clean_uri",
     "container_and_key",
     "current_attempt_number",
+    "flyte_shard",
     "is_local",
     "local_path",
     "repair_prev_checkpoint_uri",
@@ -145,18 +149,139 @@ def repair_prev_checkpoint_uri(
     ``n > 1`` and either ``FLYTE_ATTEMPT_NUMBER`` is unset or below 1, or ``n`` equals
     ``FLYTE_ATTEMPT_NUMBER`` or ``FLYTE_ATTEMPT_NUMBER + 1``. Anything else (local paths, no
     run or action name, no matching segment, a mismatched segment, ``n <= 1``) is returned as is.
+
+    A URI in Flyte's sharded layout (see :func:`attempt_uris`) whose directory already agrees
+    with the attempt its unique id names (``…/{n}/{shard}/{run}-{action}-{n-1}/…``) is returned
+    as is too: it names the attempt that wrote it, so decrementing ``n`` would point at a
+    directory that attempt never wrote (with a 0-based attempt number, ``n`` of a correct
+    previous URI equals the current attempt number).
     """
     if scheme_of(prev_uri) not in REPAIRABLE_SCHEMES or not run_name or not action_name:
         return prev_uri
-    pattern = re.compile(rf"/{re.escape(run_name)}/{re.escape(action_name)}/(\d+)/")
-    match = pattern.search(prev_uri)
-    if match is None:
+    located = _locate_attempt(prev_uri, run_name, action_name)
+    if located is None or located.layout == "flyte":
         return prev_uri
-    segment = int(match.group(1))
+    segment = located.number
     if segment <= 1:
         return prev_uri
     attempt = current_attempt_number() if attempt_number is None else attempt_number
     if attempt >= 1 and segment not in (attempt, attempt + 1):
         return prev_uri
-    start, end = match.span(1)
-    return f"{prev_uri[:start]}{segment - 1}{prev_uri[end:]}"
+    return f"{located.head}{segment - 1}/{located.rest}"
+
+
+# -- earlier attempts ----------------------------------------------------------------------------
+
+_SHARD_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
+_FNV32_OFFSET = 0x811C9DC5
+_FNV32_PRIME = 0x01000193
+
+
+def flyte_shard(unique_id: str) -> str:
+    """The two-character shard Flyte puts in front of ``unique_id`` in a raw-data path.
+
+    Flyte's base-36 shard selector: the 32-bit FNV-1a hash of the id, modulo the 36 x 36 pairs
+    of ``a``-``z`` then ``0``-``9`` (``"r969nmh2r5m6mqqnnb4h-a0-0"`` is in shard ``"ge"``).
+    """
+    value = _FNV32_OFFSET
+    for byte in unique_id.encode():
+        value = ((value ^ byte) * _FNV32_PRIME) & 0xFFFFFFFF
+    first, second = divmod(value % len(_SHARD_CHARS) ** 2, len(_SHARD_CHARS))
+    return _SHARD_CHARS[first] + _SHARD_CHARS[second]
+
+
+class AttemptURI(NamedTuple):
+    """A checkpoint URI and the attempt directory number it lies under (``None``: not known)."""
+
+    attempt: int | None
+    uri: str
+
+
+_Layout = Literal["plain", "flyte", "opaque"]
+
+
+class _Located(NamedTuple):
+    head: str
+    """Everything up to and including ``/{run}/{action}/``."""
+    number: int
+    """The attempt directory ``n``."""
+    rest: str
+    """Everything after ``{n}/``."""
+    layout: _Layout
+
+
+def _locate_attempt(uri: str, run_name: str, action_name: str) -> _Located | None:
+    """Split ``uri`` around its first ``/{run}/{action}/{n}/``, or ``None`` when it has none.
+
+    The layout is ``"flyte"`` when the next two segments are ``{shard}/{run}-{action}-{n-1}``
+    with Flyte's shard of that id, ``"opaque"`` when they are a Flyte shard and some other id
+    (the id of another attempt, or one Flyte shortened to a hash), and ``"plain"`` otherwise.
+    """
+    pattern = re.compile(rf"/{re.escape(run_name)}/{re.escape(action_name)}/(\d+)/")
+    match = pattern.search(uri)
+    if match is None:
+        return None
+    head, number, rest = uri[: match.start(1)], int(match.group(1)), uri[match.end() :]
+    shard, _, after = rest.partition("/")
+    unique_id = after.partition("/")[0] if "/" in after else None
+    if unique_id is None or shard != flyte_shard(unique_id):
+        return _Located(head, number, rest, "plain")
+    if unique_id == _flyte_unique_id(run_name, action_name, number):
+        return _Located(head, number, rest, "flyte")
+    return _Located(head, number, rest, "opaque")
+
+
+def _flyte_unique_id(run_name: str, action_name: str, number: int) -> str:
+    """The unique id Flyte gives the attempt under directory ``number`` (which counts from 1)."""
+    return f"{run_name}-{action_name}-{number - 1}"
+
+
+def attempt_uris(
+    prev_uri: str,
+    *,
+    run_name: str | None,
+    action_name: str | None,
+    earlier: int,
+) -> list[AttemptURI]:
+    """``prev_uri`` and the same checkpoint of up to ``earlier`` attempts before it, newest first.
+
+    Pure: no storage is asked and no context is read. The URIs of earlier attempts are derived
+    only for the remote schemes of :func:`repair_prev_checkpoint_uri`, with both names given,
+    and for the two per-attempt layouts it knows; otherwise the list holds ``prev_uri`` alone
+    (its attempt ``None`` when it has no attempt directory). The layouts:
+
+    * Flyte's (what ``--checkpoint-path`` and ``--prev-checkpoint`` of ``flyte/_bin/runtime.py``
+      receive, templated by the backend from ``{{.checkpointOutputPrefix}}`` and
+      ``{{.prevCheckpointPrefix}}``): the checkpoint object of 0-based attempt ``k`` is
+      ``{raw data prefix}/{run}/{action}/{k+1}/{shard}/{run}-{action}-{k}/_flytecheckpoints``,
+      e.g. ``s3://bucket/ns/prefix/r969nmh2r5m6mqqnnb4h/a0/1/ge/r969nmh2r5m6mqqnnb4h-a0-0/
+      _flytecheckpoints``, where ``{shard}`` is :func:`flyte_shard` of the unique id after it.
+      An earlier attempt changes all three: the directory, the id and its shard. Directories
+      count from 1, so the walk ends at directory 1 (attempt 0).
+    * plain: ``…/{run}/{action}/{n}/…`` with nothing else naming the attempt (such as
+      ``…/{run}/{action}/{n}/_flytecheckpoints``); an earlier attempt changes ``n`` only, down
+      to 0.
+
+    A URI whose attempt directory is followed by a Flyte shard and an id of another attempt
+    (or an id Flyte shortened to a hash) cannot be walked back: the list holds it alone.
+    """
+    if scheme_of(prev_uri) not in REPAIRABLE_SCHEMES or not run_name or not action_name:
+        return [AttemptURI(None, prev_uri)]
+    located = _locate_attempt(prev_uri, run_name, action_name)
+    if located is None:
+        return [AttemptURI(None, prev_uri)]
+    found = [AttemptURI(located.number, prev_uri)]
+    if located.layout == "opaque":
+        return found
+    lowest = 1 if located.layout == "flyte" else 0
+    for number in range(located.number - 1, max(lowest, located.number - earlier) - 1, -1):
+        found.append(AttemptURI(number, _with_attempt(located, number, run_name, action_name)))
+    return found
+
+
+def _with_attempt(located: _Located, number: int, run_name: str, action_name: str) -> str:
+    if located.layout == "plain":
+        return f"{located.head}{number}/{located.rest}"
+    rest = located.rest.split("/", 2)[2]  # drop the shard and the unique id
+    unique_id = _flyte_unique_id(run_name, action_name, number)
+    return f"{located.head}{number}/{flyte_shard(unique_id)}/{unique_id}/{rest}"
