@@ -15,7 +15,7 @@ from types import TracebackType
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits
 from flyte_checkpoint.background import BackgroundSaver
-from flyte_checkpoint.context import ctx
+from flyte_checkpoint.context import ctx, current_attempt_number
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
@@ -145,7 +145,9 @@ class Checkpoint(BaseCheckpoint):
         if src is not None and not is_local(src):
             run_name, action_name = _names_from_context(run_name, action_name)
             if repair_prev_uri:
-                src = repair_prev_checkpoint_uri(src, run_name=run_name, action_name=action_name)
+                src = repair_prev_checkpoint_uri(
+                    src, run_name=run_name, action_name=action_name, attempt_number=current_attempt_number()
+                )
         for uri in (dest, src):
             if uri is not None:
                 check_object_uri(uri)

@@ -22,44 +22,30 @@ from flyte_checkpoint.errors import ConfigurationError
 if TYPE_CHECKING:
     from flyte_checkpoint.checkpoint import Checkpoint
 
-# What a platform's container sets for each attempt (0-based); Flyte's executor does.
-ATTEMPT_NUMBER_ENV = "FLYTE_ATTEMPT_NUMBER"
+from flyte_checkpoint.environment import (
+    ATTEMPT_NUMBER_ENV,
+    LOCAL_RANK_ENV,
+    LOCAL_WORLD_SIZE_ENV,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    RANK_ENV,
+    WORLD_SIZE_ENV,
+    _int_from_env,
+    attempt_number_from_env,
+)
 
-# The variables torchrun (and torch.distributed.launch, Lightning, Accelerate) set for each process.
-RANK_ENV = "RANK"
-LOCAL_RANK_ENV = "LOCAL_RANK"
-WORLD_SIZE_ENV = "WORLD_SIZE"
-LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
-MASTER_ADDR_ENV = "MASTER_ADDR"
-MASTER_PORT_ENV = "MASTER_PORT"
-
-
-_LAUNCHER_HINT = "the launcher (e.g. torchrun) sets it, so check how this process was started, or unset it"
-
-
-def _int_from_env(name: str, default: int, minimum: int, meaning: str, hint: str = _LAUNCHER_HINT) -> int:
-    """``int(os.environ[name])`` (``default`` when unset or blank); a clear error when malformed."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value: int | None = int(raw)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise ConfigurationError(f"{name}={raw!r} is not {meaning}; {hint}")
-    return value
-
-
-def attempt_number_from_env() -> int:
-    """The 0-based attempt number in ``FLYTE_ATTEMPT_NUMBER`` (0 when unset); a clear error when malformed."""
-    return _int_from_env(
-        ATTEMPT_NUMBER_ENV,
-        0,
-        0,
-        "an integer >= 0",
-        "set it to the 0-based attempt number or unset it",
-    )
+__all__ = [
+    "ATTEMPT_NUMBER_ENV",
+    "CheckpointPaths",
+    "ContextProvider",
+    "TaskContext",
+    "attempt_number_from_env",
+    "ctx",
+    "current_attempt_number",
+    "register_context_provider",
+    "task_context",
+    "unregister_context_provider",
+]
 
 
 class CheckpointPaths(BaseModel):
@@ -212,6 +198,12 @@ def ctx() -> TaskContext | None:
         if found is not None:
             return found
     return None
+
+
+def current_attempt_number() -> int:
+    """The running task's attempt number: its :class:`TaskContext`'s, else ``FLYTE_ATTEMPT_NUMBER``."""
+    context = ctx()
+    return context.attempt_number if context is not None else attempt_number_from_env()
 
 
 @contextlib.contextmanager

@@ -1,4 +1,8 @@
-"""Storage URI normalisation and the previous-attempt URI repair."""
+"""Storage URI normalisation and the previous-attempt URI repair.
+
+No task-context import: the attempt number is passed in (or read from ``FLYTE_ATTEMPT_NUMBER``),
+so this module sits below the checkpoint helper and the storage layer without a cycle.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 from urllib.parse import unquote, urlsplit
 
-from flyte_checkpoint.context import ATTEMPT_NUMBER_ENV, attempt_number_from_env, ctx
+from flyte_checkpoint.environment import ATTEMPT_NUMBER_ENV, attempt_number_from_env
 from flyte_checkpoint.errors import UnsupportedURIError
 
 __all__ = [
@@ -19,7 +23,6 @@ __all__ = [
     "check_supported",
     "clean_uri",
     "container_and_key",
-    "current_attempt_number",
     "flyte_shard",
     "is_local",
     "local_path",
@@ -128,12 +131,6 @@ def local_path(uri: str) -> Path:
     return Path(unquote(parts.path)).absolute()
 
 
-def current_attempt_number() -> int:
-    """The running task's attempt number: its :class:`TaskContext`'s, else ``FLYTE_ATTEMPT_NUMBER``."""
-    context = ctx()
-    return context.attempt_number if context is not None else attempt_number_from_env()
-
-
 def repair_prev_checkpoint_uri(
     prev_uri: str,
     *,
@@ -164,7 +161,7 @@ def repair_prev_checkpoint_uri(
     segment = located.number
     if segment <= 1:
         return prev_uri
-    attempt = current_attempt_number() if attempt_number is None else attempt_number
+    attempt = attempt_number_from_env() if attempt_number is None else attempt_number
     if attempt >= 1 and segment not in (attempt, attempt + 1):
         return prev_uri
     return f"{located.head}{segment - 1}/{located.rest}"

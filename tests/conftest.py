@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flyte_checkpoint.uris import ATTEMPT_NUMBER_ENV
+from flyte_checkpoint.environment import ATTEMPT_NUMBER_ENV
 from tests.storage_servers import StorageServer, start_azurite, start_fake_gcs, start_moto
 
 

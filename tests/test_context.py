@@ -89,7 +89,7 @@ def test_racing_first_accesses_agree_on_one_helper(tmp_path: Path) -> None:
     assert len({id(helper) for helper in seen}) == 1
 
 
-def test_the_context_module_imports_no_other_module_of_the_package_but_its_errors() -> None:
+def test_the_context_module_imports_no_other_module_of_the_package_but_its_errors_and_settings() -> None:
     """A leaf: everything else (the checkpoint helper included) may import it without a cycle."""
     tree = ast.parse(Path(flyte_checkpoint.context.__file__).read_text(encoding="utf-8"))
     imported = {
@@ -99,7 +99,8 @@ def test_the_context_module_imports_no_other_module_of_the_package_but_its_error
         for alias in node.names
     }
     assert {name for name in imported if name and name.startswith("flyte_checkpoint")} == {
-        "flyte_checkpoint.errors"
+        "flyte_checkpoint.errors",
+        "flyte_checkpoint.environment",
     }
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import (
+    Checkpoint,
     ConfigurationError,
     TaskContext,
     UnsupportedURIError,
@@ -87,19 +88,24 @@ def test_names_with_regex_characters_are_matched_literally() -> None:
     )
 
 
-def test_inside_a_task_the_context_attempt_number_is_used_not_the_environment(
+def helper_source(prev_uri: str) -> str | None:
+    """The previous URI as a helper made in the current task repairs it."""
+    return Checkpoint("s3://bucket/dest", prev_uri, run_name=RUN, action_name=ACTION).remote_source
+
+
+def test_inside_a_task_the_helper_repairs_with_the_context_attempt_number_not_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "5")
     with task_context(TaskContext(attempt_number=3)):
-        assert repair(uri("s3", 3)) == uri("s3", 2)
+        assert helper_source(uri("s3", 3)) == uri("s3", 2)
 
 
-def test_a_task_context_without_an_attempt_number_in_the_environment_still_repairs() -> None:
+def test_a_helper_in_a_task_context_without_an_attempt_number_in_the_environment_still_repairs() -> None:
     """Under the retry runners and Flyte's local mode FLYTE_ATTEMPT_NUMBER is unset."""
     with task_context(TaskContext(attempt_number=5)):
-        assert repair(uri("gs", 3)) == uri("gs", 3)  # segment 3 is not attempt 5 or 6
-        assert repair(uri("gs", 5)) == uri("gs", 4)
+        assert helper_source(uri("gs", 3)) == uri("gs", 3)  # segment 3 is not attempt 5 or 6
+        assert helper_source(uri("gs", 5)) == uri("gs", 4)
 
 
 def test_an_explicit_attempt_number_wins_over_the_task_context() -> None:
