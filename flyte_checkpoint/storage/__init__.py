@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.storage.base import (
     COPY_CHUNK,
@@ -28,6 +30,7 @@ from flyte_checkpoint.storage.base import (
     copy_stream,
 )
 from flyte_checkpoint.storage.local import LocalBackend
+from flyte_checkpoint.storage.options import accepted_anywhere, check_names, validation_error
 from flyte_checkpoint.uris import check_supported, is_local, scheme_of
 
 StorageOptions = Mapping[str, Any]
@@ -78,10 +81,25 @@ def local_fsync(storage_options: StorageOptions | None) -> bool:
     )
 
 
+def check_local_options(options: StorageOptions) -> None:
+    """Refuse, for a local location, options no store accepts (a misspelling) and invalid
+    transfer settings: caught on the laptop, not first in production on S3."""
+    if not options:
+        return
+    from flyte_checkpoint.storage.parallel import TransferSettings
+
+    check_names(options, accepted_anywhere(), "any store (local disk takes the options of every store)")
+    try:
+        TransferSettings.from_storage_options(options)
+    except ValidationError as exc:
+        raise validation_error(exc, "local disk") from None
+
+
 def backend_for(uri: str, storage_options: StorageOptions | None = None) -> Backend:
     """The backend that serves ``uri``; raises a clear error for unsupported schemes."""
     check_supported(uri)
     if is_local(uri):
+        check_local_options(storage_options or {})
         return _LOCAL[local_fsync(storage_options)]
     from flyte_checkpoint.storage.fsspec_store import FsspecBackend
 

@@ -50,13 +50,19 @@ def bound_azure_client(fs: Any, options: Mapping[str, Any], own: Mapping[str, An
         "connection_timeout": options["connection_timeout"],
         "read_timeout": options["read_timeout"],
     }
+    # Every credential kind adlfs knows gets the same bounded client: a connection string; an
+    # account URL with a key or a credential object (DefaultAzureCredential, a service
+    # principal); with a SAS token; or anonymous. A SAS client kept the SDK's policy and took
+    # 7 minutes to give up on an unreachable host.
     connection_string = getattr(fs, "connection_string", None)
     if connection_string:
         fs.service_client = BlobServiceClient.from_connection_string(connection_string, **bounds)
-    elif getattr(fs, "account_url", None) and (
-        getattr(fs, "credential", None) or getattr(fs, "account_key", None)
-    ):
-        fs.service_client = BlobServiceClient(
-            fs.account_url, credential=fs.credential or fs.account_key, **bounds
-        )
-    # Anonymous or SAS-in-URL access keeps adlfs's own client (and the SDK's retry policy).
+        return
+    account_url = getattr(fs, "account_url", None)
+    if not account_url:
+        return  # adlfs could not build a client either; its own error stands
+    credential = getattr(fs, "credential", None) or getattr(fs, "account_key", None)
+    sas_token = getattr(fs, "sas_token", None)
+    if credential is None and sas_token:
+        account_url += sas_token if sas_token.startswith("?") else f"?{sas_token}"
+    fs.service_client = BlobServiceClient(account_url, credential=credential, **bounds)

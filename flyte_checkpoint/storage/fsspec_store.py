@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Protocol, cast
 
+from pydantic import ValidationError
+
 from flyte_checkpoint.errors import BackendNotInstalledError
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.storage.base import (
@@ -40,6 +42,13 @@ from flyte_checkpoint.storage.base import (
     VerifyingReader,
 )
 from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.options import (
+    accepted_anywhere,
+    accepted_by,
+    check_names,
+    constructor_error,
+    validation_error,
+)
 from flyte_checkpoint.storage.parallel import (
     ParallelReader,
     ParallelWriter,
@@ -119,8 +128,14 @@ class FsspecBackend(Backend):
 
     def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
+        where = f"{self.protocol}:// storage"
+        check_names(storage_options or {}, accepted_by(self.protocol) or accepted_anywhere(), where)
         # Ours, read before the client is built: its constructor never sees them.
-        self.transfer, given = TransferSettings.from_storage_options(storage_options or {})
+        try:
+            self.transfer, given = TransferSettings.from_storage_options(storage_options or {})
+        except ValidationError as exc:
+            raise validation_error(exc, where) from None
+        self._check_options(given)
         options = merged_options(self._defaults(self.transfer), given)
         options.pop(FSYNC_OPTION, None)  # a local-disk option; uploads are durable once complete
         own = {key: options.pop(key, default) for key, default in self.profile.own_options.items()}
@@ -135,7 +150,12 @@ class FsspecBackend(Backend):
                 f"{self.protocol}:// storage needs an fsspec backend that is not installed ({exc}); "
                 f"install it with: pip install 'flyte-checkpoint[{self.profile.extra}]'"
             ) from exc
+        except ValueError as exc:  # adlfs checks its credentials in the constructor
+            raise constructor_error(exc, self.protocol) from exc
         self._configure(options, own)
+
+    def _check_options(self, options: Mapping[str, Any]) -> None:
+        """Refuse option values the store's client would accept and fail on later (none by default)."""
 
     def _defaults(self, transfer: TransferSettings) -> Mapping[str, Any]:
         """The client options applied unless the caller gives their own."""

@@ -3,8 +3,12 @@ ranged loads pinned to one generation (see :mod:`.gcs_parallel`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreObject, StoreProfile
 from flyte_checkpoint.storage.gcs_parallel import GCSObject, is_temporary
+from flyte_checkpoint.storage.options import check_gcs_token
 
 PROFILE = StoreProfile(
     implementation="gcsfs:GCSFileSystem",
@@ -21,6 +25,9 @@ class GCSBackend(FsspecBackend):
 
     protocol = "gs"
     profile = PROFILE
+
+    def _check_options(self, options: Mapping[str, Any]) -> None:
+        check_gcs_token(options)
 
     def parallel_object(self, uri: str) -> StoreObject:
         return GCSObject(self.fs, uri)

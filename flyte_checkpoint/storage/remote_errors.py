@@ -203,20 +203,32 @@ _FSSPEC_OPTIONS = frozenset(
 
 
 def accepted_options(scheme: str) -> list[str]:
-    """The storage options the store of ``scheme`` names in its signature, plus this package's own."""
+    """The storage options the store of ``scheme`` accepts: what its fsspec implementation names
+    in its constructors (up the class hierarchy while one passes ``**kwargs`` on, as gcsfs's
+    extended class does), fsspec's own, and this package's (transfer settings, ``fsync``)."""
     from flyte_checkpoint.storage import STORES
     from flyte_checkpoint.storage.base import FSYNC_OPTION
+    from flyte_checkpoint.storage.parallel import TransferSettings
 
     module_name, _, class_name = STORES[scheme].partition(":")
     profile = getattr(importlib.import_module(module_name), class_name).profile
     implementation_module, _, implementation_name = profile.implementation.partition(":")
     implementation = getattr(importlib.import_module(implementation_module), implementation_name)
-    named = {
-        name
-        for name, parameter in inspect.signature(implementation.__init__).parameters.items()
-        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY) and name != "self"
-    }
-    return sorted(named | set(profile.own_options) | _FSSPEC_OPTIONS | {FSYNC_OPTION})
+    named: set[str] = set()
+    for cls in implementation.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        named.update(
+            p.name
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        )
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    ours = {*TransferSettings.OPTIONS, "max_concurrency", FSYNC_OPTION}
+    return sorted(named | set(profile.own_options) | _FSSPEC_OPTIONS | ours)
 
 
 def unknown_option_error(exc: BaseException, scheme: str) -> ConfigurationError | None:
