@@ -105,8 +105,8 @@ class StaticToken:
 @pytest.mark.parametrize("kind", ["connection_string", "account_key", "sas_token", "credential", "anonymous"])
 def test_every_azure_credential_kind_gives_up_on_an_unreachable_host_within_bounds(kind: str) -> None:
     host = f"127.0.0.1:{closed_port()}"
-    account = {"account_name": "devstoreaccount1", "account_host": host}
-    options: dict[str, Any] = {
+    account: dict[str, Any] = {"account_name": "devstoreaccount1", "account_host": host}
+    kinds: dict[str, dict[str, Any]] = {
         "connection_string": {
             "connection_string": f"DefaultEndpointsProtocol=http;AccountName=a;AccountKey=a2V5;BlobEndpoint=http://{host}/a;"
         },
@@ -115,7 +115,8 @@ def test_every_azure_credential_kind_gives_up_on_an_unreachable_host_within_boun
         "sas_token": {**account, "sas_token": "sv=2024-01-01&sig=x"},
         "credential": {**account, "credential": StaticToken()},
         "anonymous": {**account, "anon": True},
-    }[kind]
+    }
+    options = kinds[kind]
     started = time.monotonic()
     with pytest.raises(CheckpointUnavailableError):
         Checkpoint("abfs://container/ckpt", storage_options=options, retry=RetryPolicy(attempts=1)).save_sync(
