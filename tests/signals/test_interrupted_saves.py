@@ -54,14 +54,17 @@ def test_a_directory_save_interrupted_at_a_random_instant_ends_and_keeps_the_pre
             time.sleep(rng.uniform(0.0, 0.4))
             program.send(signum)
             status = program.finish()
-        committed = "committed" in program.output().splitlines()
-        assert committed or status != 0, program.output()
+        said_committed = "committed" in program.output().splitlines()
+        assert said_committed or status != 0, program.output()
         restored = Checkpoint(tmp_path / "restore", dest, storage_options=options)
         with restored:
             loaded = restored.load_sync()
             assert loaded is not None
+            # The old object or the whole new one: the save may commit just before the signal
+            # lands, ahead of the program saying so.
+            committed = loaded == restored.path
+            assert committed or not said_committed
             if committed:
-                assert loaded == restored.path
                 assert sorted(p.name for p in loaded.iterdir()) == sorted(p.name for p in source.iterdir())
             else:
                 assert loaded.read_bytes() == b"previous"
