@@ -4,7 +4,9 @@ service that speaks each protocol as documented (tests/preemption/metadata_serve
 from __future__ import annotations
 
 import logging
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -14,6 +16,7 @@ from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.preemption import (
     CLOUD_NOTICES_ENV,
     PreemptionNotice,
+    install_preemption_handler,
     notice,
     watch_cloud_notices,
 )
@@ -53,6 +56,10 @@ def recorded() -> PreemptionNotice:
     current = notice.current_notice()
     assert current is not None, "no preemption notice was recorded"
     return current
+
+
+def cloud_threads() -> list[threading.Thread]:
+    return [each for each in threading.enumerate() if each.name.startswith("flyte-checkpoint-aws")]
 
 
 def closed_port() -> int:
@@ -251,3 +258,39 @@ def test_leaving_the_with_block_stops_the_watcher() -> None:
             assert watcher.watching == ("aws",)
 
         assert not watcher.watching
+
+
+# -- through install_preemption_handler ---------------------------------------------------------
+
+
+def test_the_handler_watches_the_clouds_named_in_the_environment_until_its_last_uninstall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with metadata_server("aws") as server:
+        monkeypatch.setenv(CLOUD_NOTICES_ENV, "aws")
+        monkeypatch.setenv(ENDPOINT_ENVS["aws"], server.url)
+        server.state.announce_aws("terminate", 100)
+
+        outer = install_preemption_handler(end_main_thread=False)
+        try:
+            inner = install_preemption_handler(end_main_thread=False)
+            assert wait_for(lambda: notice.current_notice() is not None)
+            inner.uninstall()
+            assert [each.is_alive() for each in cloud_threads()] == [True]
+        finally:
+            outer.uninstall()
+
+        assert cloud_threads() == []
+        assert recorded().source == "aws-spot"
+
+
+def test_a_malformed_cloud_list_in_the_environment_fails_the_install_before_anything_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(CLOUD_NOTICES_ENV, "aws,ibm")
+    before = signal.getsignal(signal.SIGTERM)
+
+    with pytest.raises(ConfigurationError, match=CLOUD_NOTICES_ENV):
+        install_preemption_handler()
+
+    assert signal.getsignal(signal.SIGTERM) is before
