@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -26,6 +27,7 @@ from tests.preemption.metadata_servers import (
     AWS_TOKEN_PATH,
     AZURE_EVENTS_PATH,
     GCE_PREEMPTED_PATH,
+    MetadataServer,
     metadata_server,
 )
 
@@ -52,6 +54,20 @@ def wait_for(condition: Callable[[], object], within: float = 5.0) -> bool:
     return bool(condition())
 
 
+@contextmanager
+def watched(cloud: str, poll_seconds: float = FAST) -> Iterator[MetadataServer]:
+    """A loopback service speaking ``cloud``'s protocol and a watcher of it, both ended on leaving."""
+    with (
+        metadata_server(cloud) as server,
+        watch_cloud_notices(cloud, poll_seconds=poll_seconds, base_urls={cloud: server.url}),
+    ):
+        yield server
+
+
+def notified() -> bool:
+    return wait_for(lambda: notice.current_notice() is not None)
+
+
 def recorded() -> PreemptionNotice:
     current = notice.current_notice()
     assert current is not None, "no preemption notice was recorded"
@@ -73,13 +89,10 @@ def closed_port() -> int:
 
 
 def test_an_aws_spot_interruption_becomes_the_notice_with_the_time_left_until_the_announced_time() -> None:
-    with (
-        metadata_server("aws") as server,
-        watch_cloud_notices("aws", poll_seconds=FAST, base_urls={"aws": server.url}),
-    ):
+    with watched("aws") as server:
         assert wait_for(lambda: server.state.answered(AWS_ACTION_PATH, 404))
         server.state.announce_aws("terminate", 90)
-        assert wait_for(lambda: notice.current_notice() is not None)
+        assert notified()
 
     current = recorded()
     assert (current.source, current.signal) == ("aws-spot", None)
@@ -87,14 +100,11 @@ def test_an_aws_spot_interruption_becomes_the_notice_with_the_time_left_until_th
 
 
 def test_an_expired_aws_token_is_replaced_after_its_401() -> None:
-    with (
-        metadata_server("aws") as server,
-        watch_cloud_notices("aws", poll_seconds=FAST, base_urls={"aws": server.url}),
-    ):
+    with watched("aws") as server:
         assert wait_for(lambda: server.state.answered(AWS_ACTION_PATH, 404))
         server.state.expire_tokens()
         server.state.announce_aws("stop", 60)
-        assert wait_for(lambda: notice.current_notice() is not None)
+        assert notified()
 
     assert server.state.answered(AWS_ACTION_PATH, 401)
     assert len(server.state.answered(AWS_TOKEN_PATH, 200)) == 2
@@ -102,10 +112,7 @@ def test_an_expired_aws_token_is_replaced_after_its_401() -> None:
 
 
 def test_an_aws_hibernation_is_not_a_preemption_since_the_process_resumes_with_the_instance() -> None:
-    with (
-        metadata_server("aws") as server,
-        watch_cloud_notices("aws", poll_seconds=FAST, base_urls={"aws": server.url}),
-    ):
+    with watched("aws") as server:
         server.state.announce_aws("hibernate", 0)
         assert wait_for(lambda: len(server.state.answered(AWS_ACTION_PATH, 200)) >= 3)
 
@@ -117,10 +124,7 @@ def test_an_aws_hibernation_is_not_a_preemption_since_the_process_resumes_with_t
 
 def test_a_gce_preemption_arrives_through_the_long_poll_with_the_documented_30_seconds() -> None:
     # Polling every 30 s, only the long-poll can bring the notice within seconds.
-    with (
-        metadata_server("gce") as server,
-        watch_cloud_notices("gce", poll_seconds=30, base_urls={"gce": server.url}),
-    ):
+    with watched("gce", poll_seconds=30) as server:
         assert wait_for(lambda: server.state.answered(GCE_PREEMPTED_PATH, 200))
         time.sleep(0.2)  # the long-poll is held by now
         server.state.preempt_gce()
@@ -138,13 +142,10 @@ def test_a_gce_preemption_arrives_through_the_long_poll_with_the_documented_30_s
 
 
 def test_an_azure_preempt_event_for_this_vm_becomes_the_notice_with_the_time_until_not_before() -> None:
-    with (
-        metadata_server("azure") as server,
-        watch_cloud_notices("azure", poll_seconds=FAST, base_urls={"azure": server.url}),
-    ):
+    with watched("azure") as server:
         assert wait_for(lambda: server.state.answered(AZURE_EVENTS_PATH, 200))
         server.state.schedule_azure("Preempt", 45)
-        assert wait_for(lambda: notice.current_notice() is not None)
+        assert notified()
 
     current = recorded()
     assert current.source == "azure-scheduled-event"
@@ -153,10 +154,7 @@ def test_an_azure_preempt_event_for_this_vm_becomes_the_notice_with_the_time_unt
 
 
 def test_azure_events_other_than_a_preempt_of_this_vm_are_ignored() -> None:
-    with (
-        metadata_server("azure") as server,
-        watch_cloud_notices("azure", poll_seconds=FAST, base_urls={"azure": server.url}),
-    ):
+    with watched("azure") as server:
         server.state.schedule_azure("Reboot", 20, event_id="reboot")
         server.state.schedule_azure("Freeze", 20, event_id="freeze")
         server.state.schedule_azure("Preempt", 20, resources=["trainer_4"], event_id="a-neighbour")
@@ -201,21 +199,18 @@ def test_auto_keeps_watching_only_the_cloud_whose_service_answers() -> None:
         with watch_cloud_notices("auto", poll_seconds=FAST, base_urls=urls) as watcher:
             assert wait_for(lambda: watcher.watching == ("azure",))
             server.state.schedule_azure("Preempt", 40)
-            assert wait_for(lambda: notice.current_notice() is not None)
+            assert notified()
 
     assert recorded().source == "azure-scheduled-event"
 
 
 def test_a_notice_cleared_for_another_attempt_is_recorded_again_while_the_cloud_still_announces_it() -> None:
-    with (
-        metadata_server("aws") as server,
-        watch_cloud_notices("aws", poll_seconds=FAST, base_urls={"aws": server.url}),
-    ):
+    with watched("aws") as server:
         server.state.announce_aws("terminate", 100)
-        assert wait_for(lambda: notice.current_notice() is not None)
+        assert notified()
         first = recorded()
         notice.clear()
-        assert wait_for(lambda: notice.current_notice() is not None)
+        assert notified()
 
     assert recorded() is not first
     assert recorded().source == "aws-spot"
@@ -226,7 +221,7 @@ def test_endpoints_come_from_the_environment_when_not_passed(monkeypatch: pytest
         monkeypatch.setenv(ENDPOINT_ENVS["aws"], server.url)
         server.state.announce_aws("terminate", 100)
         with watch_cloud_notices("aws", poll_seconds=FAST):
-            assert wait_for(lambda: notice.current_notice() is not None)
+            assert notified()
 
     assert recorded().source == "aws-spot"
 
@@ -274,7 +269,7 @@ def test_the_handler_watches_the_clouds_named_in_the_environment_until_its_last_
         outer = install_preemption_handler(end_main_thread=False)
         try:
             inner = install_preemption_handler(end_main_thread=False)
-            assert wait_for(lambda: notice.current_notice() is not None)
+            assert notified()
             inner.uninstall()
             assert [each.is_alive() for each in cloud_threads()] == [True]
         finally:
