@@ -391,9 +391,9 @@ class CloudNoticeWatcher:
     ) -> None:
         names = _provider_names(providers, "providers")
         number = isinstance(poll_seconds, int | float) and not isinstance(poll_seconds, bool)
-        if poll_seconds is not None and not (number and poll_seconds > 0):
+        if poll_seconds is not None and not (number and 0 < poll_seconds < float("inf")):
             raise ConfigurationError(
-                f"poll_seconds must be a number of seconds > 0 or None, got {poll_seconds!r}"
+                f"poll_seconds must be a finite number of seconds > 0 or None, got {poll_seconds!r}"
             )
         unknown = sorted(set(base_urls or {}) - set(PROVIDERS))
         if unknown:

@@ -231,6 +231,14 @@ def test_an_unknown_cloud_is_a_configuration_error_naming_it() -> None:
         watch_cloud_notices("aws,ibm")
 
 
+@pytest.mark.parametrize("poll_seconds", [0, -1, float("inf"), True])
+def test_a_poll_interval_that_is_not_a_finite_positive_number_is_a_configuration_error(
+    poll_seconds: float,
+) -> None:
+    with pytest.raises(ConfigurationError, match="poll_seconds"):
+        watch_cloud_notices("aws", poll_seconds=poll_seconds)
+
+
 # -- stopping -----------------------------------------------------------------------------------
 
 
