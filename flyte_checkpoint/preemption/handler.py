@@ -18,6 +18,9 @@ thread:
 Handlers can be installed from the main thread only (Python's rule); elsewhere installing does
 nothing and says so in a DEBUG line. Installing again (a runner inside the Flyte plugin) reuses
 the handlers in place; the last uninstall restores what was there before.
+
+With ``FLYTE_CHECKPOINT_CLOUD_NOTICES`` set (:mod:`.cloud`), the first install also starts
+watching the clouds named there for their earlier warning; the last uninstall stops it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from flyte_checkpoint.errors import ConfigurationError, Preempted
-from flyte_checkpoint.preemption import notice
+from flyte_checkpoint.preemption import cloud, notice
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -54,6 +57,7 @@ class _State:
         """Set by the watcher just before it signals the main thread, to end it with this."""
         self.stop = threading.Event()
         self.watcher: threading.Thread | None = None
+        self.cloud: cloud.CloudNoticeWatcher | None = None
 
 
 _state = _State()
@@ -93,6 +97,9 @@ class PreemptionHandler:
             _state.previous.clear()
             _state.stop.set()
             watcher, _state.watcher = _state.watcher, None
+            clouds, _state.cloud = _state.cloud, None
+        if clouds is not None:
+            clouds.stop()
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join()
 
@@ -133,12 +140,14 @@ def install_preemption_handler(
     if threading.current_thread() is not threading.main_thread():
         logger.debug("preemption handler not installed: signal handlers can be set in the main thread only")
         return PreemptionHandler(installed=False)
+    clouds = cloud.cloud_notices_from_env()  # read before installing anything: a bad value fails first
     with _state.lock:
         if _state.users == 0:
             _state.grace_seconds = grace
             _state.end_main_thread = end_main_thread
             _state.ending = None
             _state.stop = threading.Event()
+            _state.cloud = clouds.start() if clouds is not None else None
         for signum in wanted:
             if signum not in _state.previous:
                 _state.previous[signum] = signal.signal(signum, _on_signal)

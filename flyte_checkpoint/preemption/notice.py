@@ -33,7 +33,8 @@ class PreemptionNotice:
     """This process was told it will be stopped: by what, when, and when the SIGKILL is due."""
 
     source: str
-    """``"SIGTERM"``, ``"SIGUSR1"``, ... or a cloud's notice (``"aws-spot"``, ``"gce"``, ``"azure"``)."""
+    """``"SIGTERM"``, ``"SIGUSR1"``, ... or a cloud's notice (``"aws-spot"``, ``"gce-preempted"``,
+    ``"azure-scheduled-event"``)."""
     signal: int | None
     """The signal number, for a signal; ``None`` for a cloud notice."""
     received_at: float
