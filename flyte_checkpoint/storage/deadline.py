@@ -60,7 +60,9 @@ BASE_SECONDS = 120.0
 SECONDS_PER_MIB = 1.0
 """What the default bound adds per MiB moved: a transfer averaging under 1 MiB/s is stuck."""
 ABORT_SECONDS = 30.0
-"""The most an abort of a timed-out or failed upload may wait (at most the operation's own bound)."""
+"""The most an abort of a timed-out or failed upload may wait."""
+MIN_ABORT_SECONDS = 5.0
+"""The least an abort may wait, even after an operation with a shorter ``transfer_timeout``."""
 _MiB = 1 << 20
 
 _current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
@@ -177,8 +179,10 @@ class Deadline:
         return own if self._ceiling is None else min(own, self._ceiling.at)
 
     def abort_seconds(self) -> float:
-        """How long cleaning up after a failure may take."""
-        return min(ABORT_SECONDS, self.seconds)
+        """How long cleaning up after a failure may take: the operation's own bound, but at
+        least :data:`MIN_ABORT_SECONDS` (a store answering slowly is why a bound passed) and at
+        most :data:`ABORT_SECONDS`."""
+        return min(ABORT_SECONDS, max(MIN_ABORT_SECONDS, self.seconds))
 
     def for_cleanup(self) -> Deadline:
         """A new bound of :meth:`abort_seconds` for cleaning up after this operation failed."""
@@ -280,6 +284,16 @@ class Deadline:
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def outside_deadlines(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """Start ``coro`` on the running loop as a task no deadline adopts or cancels.
+
+    For work whose result a cleanup needs even after the operation's bound passed (the id of a
+    multipart upload, so that it can be aborted). The task's context is a fresh, empty one.
+    """
+    loop = asyncio.get_running_loop()
+    return contextvars.Context().run(loop.create_task, coro)
 
 
 def _sync_wakeup(coro: Any) -> threading.Event | None:

@@ -47,7 +47,7 @@ from flyte_checkpoint.storage.base import (
     ObjectWriter,
     ReadsInto,
 )
-from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.deadline import Deadline, outside_deadlines
 from flyte_checkpoint.storage.digests import crc32
 from flyte_checkpoint.storage.kernel_copy import regular_file_descriptor
 from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
@@ -667,14 +667,16 @@ class ParallelWriter(ObjectWriter):
     def _abort(self) -> None:
         for future in self._in_flight:
             future.cancel()
-        # Bounded on its own, even when the deadline has passed: an upload left behind is swept
-        # by a later save (stale_upload_age) or the bucket's lifecycle rule.
-        cleanup = asyncio.run_coroutine_threadsafe(self._abort_upload(), self._target.loop)
+        # Under a bound of its own, never the operation's (which may have passed, and would
+        # cancel the abort at once): an upload left behind is swept by a later save
+        # (stale_upload_age) or the bucket's lifecycle rule.
+        cleanup = self._deadline.for_cleanup()
         try:
-            cleanup.result(timeout=self._deadline.abort_seconds())
+            cleanup.result(cleanup.submit(self._abort_upload()))
         except Exception as exc:
-            cleanup.cancel()
             logger.warning("could not abort the unfinished upload to %s: %r", self.uri, exc)
+        finally:
+            cleanup.finish()
         self._release()
         self._deadline.finish()
 
@@ -695,7 +697,10 @@ class ParallelWriter(ObjectWriter):
     async def _upload_id(self) -> str:
         if self._created is None:
             describe = f"starting the upload of {self.uri}"
-            self._created = asyncio.ensure_future(
+            # Outside every deadline (the client's request timeouts bound it): when a deadline
+            # cancelled the create in flight, the upload could exist on the store with no id
+            # to abort it by, and the abort found nothing ("CancelledError") and left it behind.
+            self._created = outside_deadlines(
                 _with_retries(self._policy, describe, lambda: self._target.create(self._metadata_at_start))
             )
         upload_id = await asyncio.shield(self._created)
@@ -763,13 +768,14 @@ class ParallelWriter(ObjectWriter):
             return  # no upload was started: nothing exists to clean up
         try:
             upload_id = await self._created
-        except Exception:
+        except (Exception, asyncio.CancelledError):
             return  # it never started
         await _with_retries(
             self._policy, f"aborting the upload of {self.uri}", lambda: self._target.abort(upload_id)
         )
         if self._sweep is not None:
-            await self._sweep
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._sweep
 
 
 # -- downloads --------------------------------------------------------------------------------

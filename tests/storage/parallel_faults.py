@@ -43,6 +43,8 @@ class FaultyTarget(Wrapped):
     hold_part_until_done: tuple[int, int] | None = None
     fail_complete: bool = False
     fail_abort: bool = False
+    slow_create_response: float = 0.0
+    """Seconds the answer to starting a multipart upload takes, after the store has started it."""
     attempts: dict[int, int] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     _done: dict[int, asyncio.Event] = field(default_factory=dict)
@@ -62,7 +64,9 @@ class FaultyTarget(Wrapped):
         await self.real.put(body, metadata)
 
     async def create(self, metadata: Mapping[str, str]) -> str:
-        return str(await self.real.create(metadata))
+        upload_id = str(await self.real.create(metadata))
+        await asyncio.sleep(self.slow_create_response)
+        return upload_id
 
     async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
         self.attempts[number] = self.attempts.get(number, 0) + 1

@@ -305,6 +305,14 @@ def test_an_upload_past_its_transfer_timeout_is_aborted(bucket: Bucket) -> None:
     assert bucket.uploads("obj") == []
 
 
+def test_an_upload_whose_start_outlives_the_transfer_timeout_is_still_aborted(bucket: Bucket) -> None:
+    target = FaultyTarget(S3Object(bucket.fs, bucket.uri("obj")), slow_create_response=2.0)
+    settings = SETTINGS.model_copy(update={"transfer_timeout": 1.0})
+    with pytest.raises(CheckpointTimeoutError, match="transfer_timeout"):
+        faulty_save(target, os.urandom(2 * PART + 1), settings)
+    assert bucket.uploads("obj") == []
+
+
 def test_an_overwrite_during_a_load_fails_it_instead_of_mixing_versions(bucket: Bucket) -> None:
     save(bucket, "obj", b"a" * (3 * PART))
     one_at_a_time = SETTINGS.model_copy(update={"max_concurrency": 1})
