@@ -25,11 +25,12 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from flyte_checkpoint.errors import InvalidCheckpointInputError
 from flyte_checkpoint.storage import Backend, backend_for
-from flyte_checkpoint.uris import is_local
+from flyte_checkpoint.uris import is_local, scheme_of
 
 POINTER_NAME = "COMMITTED.json"
 VERSIONS_DIR = "versions"
@@ -79,6 +80,10 @@ def _normalised_root(checkpoint_dir: str | os.PathLike[str]) -> str:
         raise InvalidCheckpointInputError(
             f"checkpoint_dir {root!r} names a filesystem or bucket root; give a directory below it"
         )
+    if not scheme_of(stripped):
+        # Absolute, as of now: listings name absolute paths, and a relative root matched none of
+        # them (every step looked uncommitted, loads found nothing, retention deleted nothing).
+        return str(Path(stripped).expanduser().absolute())
     return stripped
 
 

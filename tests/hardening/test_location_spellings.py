@@ -1,0 +1,78 @@
+"""Every public entry point that takes a location works the same given a relative path, an
+absolute path or a file:// URI: a relative root silently lost every step before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyte_checkpoint import Checkpoint
+from flyte_checkpoint.state import CheckpointManager, StateCheckpoint, load_checkpoint, save_checkpoint
+from flyte_checkpoint.storage import copy_object
+
+SPELLINGS = ["relative", "absolute", "file-uri"]
+
+
+def spelled(how: str, name: str, base: Path) -> str:
+    """``base / name`` as the test's working directory (``base``) sees it, spelled ``how``."""
+    if how == "relative":
+        return name
+    if how == "absolute":
+        return str(base / name)
+    return (base / name).as_uri()
+
+
+class Counter:
+    def __init__(self, value: int = 0) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = state["value"]
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.parametrize("how", SPELLINGS)
+def test_a_manager_lists_loads_and_retains_its_steps_however_its_root_is_spelled(
+    how: str, tmp_path: Path
+) -> None:
+    manager = CheckpointManager(spelled(how, "steps", tmp_path), keep_last=2)
+    for step in range(4):
+        manager.save(step, controller=None, parts=[Counter(step)])
+    assert manager.steps() == [2, 3]
+    restored = Counter()
+    loaded = CheckpointManager(spelled(how, "steps", tmp_path)).load(controller=None, parts=[restored])
+    assert loaded is not None
+    assert (loaded.step, restored.value) == (3, 3)
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step_2", "step_3"]
+
+
+@pytest.mark.parametrize("how", SPELLINGS)
+def test_a_multi_part_checkpoint_round_trips_however_its_directory_is_spelled(
+    how: str, tmp_path: Path
+) -> None:
+    location = spelled(how, "state", tmp_path)
+    save_checkpoint(location, controller=Counter(7), parts=[Counter(1), Counter(2)])
+    controller, parts = Counter(), [Counter(), Counter()]
+    load_checkpoint(location, controller=controller, parts=parts)
+    assert (controller.value, [part.value for part in parts]) == (7, [1, 2])
+    assert StateCheckpoint(location).manifest().parts
+
+
+@pytest.mark.parametrize("how", SPELLINGS)
+def test_a_checkpoint_saves_and_loads_however_its_locations_are_spelled(how: str, tmp_path: Path) -> None:
+    Checkpoint(spelled(how, "ckpt", tmp_path)).save_sync(b"state")
+    copy_object(spelled(how, "ckpt", tmp_path), spelled(how, "copy", tmp_path))
+    with Checkpoint(spelled(how, "unused", tmp_path), spelled(how, "copy", tmp_path)) as helper:
+        restored = helper.load_sync()
+        assert restored is not None
+        assert restored.read_bytes() == b"state"
+    assert (tmp_path / "ckpt").read_bytes() == b"state"
