@@ -20,6 +20,7 @@ from flyte_checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointNotFoundError,
+    Preempted,
     describe_error,
 )
 from flyte_checkpoint.progress import human_size
@@ -32,6 +33,10 @@ EXIT_FAILED = 1
 """The command failed (a task raised, or ``verify`` found a damaged object)."""
 EXIT_UNREADABLE = 2
 """The object is absent or could not be read (``verify``), or the command line is wrong."""
+EXIT_PREEMPTED = 75
+"""``run``: the attempt was preempted and a checkpoint saved after the notice committed, so a retry
+resumes from it (``EX_TEMPFAIL`` of sysexits.h: try again later). Preempted with no save committed
+after the notice, ``run`` exits ``128 + signum`` (143 for SIGTERM), as if the signal had ended it."""
 
 _BAR_THRESHOLD = 4 << 20
 """Transfers smaller than this finish before a bar is worth drawing."""
@@ -56,6 +61,16 @@ def _storage_option(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw
     return key, value
+
+
+def _grace_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,13 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
         "run one task attempt with its checkpoint locations (a container entry point)",
         "Run MODULE:FUNCTION once inside a task context whose checkpoint saves to --checkpoint-path "
         "and restores from --prev-checkpoint. The attempt number comes from FLYTE_ATTEMPT_NUMBER. "
-        "The result is printed as JSON.",
+        "The result is printed as JSON. SIGTERM is a preemption notice the task reads as "
+        "checkpoint.preempted. Exit status: 0 done; 1 the task failed; 2 bad command line; "
+        f"{EXIT_PREEMPTED} preempted after a checkpoint saved after the notice committed (a retry "
+        "resumes from it); 128+N preempted by signal N with no save committed after the notice "
+        "(143 for SIGTERM).",
     )
     run.add_argument("--checkpoint-path", required=True, metavar="URI")
     run.add_argument("--prev-checkpoint", default=None, metavar="URI")
     run.add_argument("--inputs", default="{}", metavar="JSON", help="keyword arguments as a JSON object")
     run.add_argument("--run-name", default=None)
     run.add_argument("--action-name", default=None)
+    run.add_argument(
+        "--grace-seconds",
+        type=_grace_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="time from SIGTERM to the SIGKILL (default: $FLYTE_CHECKPOINT_GRACE_SECONDS, else 30)",
+    )
     run.add_argument("task", metavar="MODULE:FUNCTION")
     return parser
 
@@ -381,16 +407,29 @@ def _run(args: argparse.Namespace) -> int:
     if not isinstance(inputs, dict):
         raise SystemExit("flyte-checkpoint: error: --inputs must be a JSON object of keyword arguments")
     paths = CheckpointPaths(checkpoint_path=args.checkpoint_path, prev_checkpoint_path=args.prev_checkpoint)
-    result = load_and_run_task(
-        args.task,
-        checkpoint_paths=paths,
-        inputs=inputs,
-        run_name=args.run_name,
-        action_name=args.action_name,
-        storage_options=_options(args),
-    )
+    try:
+        result = load_and_run_task(
+            args.task,
+            checkpoint_paths=paths,
+            inputs=inputs,
+            run_name=args.run_name,
+            action_name=args.action_name,
+            storage_options=_options(args),
+            grace_seconds=args.grace_seconds,
+        )
+    except Preempted as preempted:
+        if args.debug:
+            traceback.print_exc()
+        print(f"flyte-checkpoint: {describe_error(preempted)}", file=sys.stderr)
+        return _preempted_exit_code(preempted)
     print(json.dumps(result, default=str))
     return EXIT_OK
+
+
+def _preempted_exit_code(preempted: Preempted) -> int:
+    if preempted.saved:
+        return EXIT_PREEMPTED
+    return preempted.code if isinstance(preempted.code, int) else EXIT_FAILED
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from flyte_checkpoint.cli import EXIT_PREEMPTED
+from tests.signals.processes import Program, running
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,3 +94,41 @@ def test_help_shows_an_example() -> None:
     result = run_cli("run", "--help")
     assert result.returncode == 0
     assert "example: flyte-checkpoint run" in result.stdout
+
+
+def preempted_run(checkpoint: Path, inputs: str) -> tuple[int, Program]:
+    """``flyte-checkpoint run`` of the counting task of ``tests.runner_programs``, sent SIGTERM
+    while it waits for it; the exit status."""
+    argv = ["run", "--checkpoint-path", str(checkpoint), "--grace-seconds", "5", "--inputs", inputs]
+    with running([*argv, "tests.runner_programs:count"], module="flyte_checkpoint") as program:
+        program.wait_for_line("ready")
+        program.send(signal.SIGTERM)
+        return program.finish(), program
+
+
+def test_run_exits_with_its_preempted_status_when_a_checkpoint_was_saved_after_the_notice(
+    tmp_path: Path,
+) -> None:
+    status, program = preempted_run(tmp_path / "cur", '{"signals": 1}')
+    assert status == EXIT_PREEMPTED == 75, program.output()
+    assert (tmp_path / "cur").read_bytes() == b"2"
+    assert program.lines[-1].startswith("flyte-checkpoint: preempted by SIGTERM")
+
+
+def test_run_exits_128_plus_the_signal_when_nothing_was_saved_after_the_notice(tmp_path: Path) -> None:
+    status, program = preempted_run(tmp_path / "cur", '{"signals": 1, "save_on_notice": false}')
+    assert status == 128 + signal.SIGTERM, program.output()
+    assert not (tmp_path / "cur").exists()
+
+
+def test_help_lists_the_exit_statuses_of_run() -> None:
+    result = run_cli("run", "--help")
+    described = " ".join(result.stdout.split())
+    assert "75 preempted after a checkpoint saved after the notice committed" in described
+    assert "128+N preempted by signal N" in described
+
+
+def test_a_grace_period_that_is_not_a_number_of_seconds_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_cli("run", "--checkpoint-path", str(tmp_path / "c"), "--grace-seconds", "0", "os:getcwd")
+    assert result.returncode == 2
+    assert "--grace-seconds: '0' is not a number of seconds > 0" in result.stderr

@@ -250,7 +250,7 @@ def test_the_last_error_is_raised_with_every_attempt_chained(tmp_path: Path) -> 
     assert chain == ["failure 3", "failure 2", "failure 1"]
     rendered = "".join(traceback.format_exception(caught.value))
     assert "failure 1" in rendered
-    assert "attempt 3 of 3 failed" in rendered
+    assert "attempt 2 failed; no retries left (retries=2)" in rendered
 
 
 def test_keyboard_interrupt_is_not_retried(tmp_path: Path) -> None:
@@ -419,7 +419,7 @@ def test_a_store_that_stays_down_while_staging_uses_up_every_retry(
             storage_options=options_through(s3_remote, s3_proxy),
         )
     assert calls == 1  # the retries could not stage, so the task never ran again
-    assert "attempt 3 of 3 failed" in "".join(traceback.format_exception(caught.value))
+    assert "attempt 2 failed; no retries left" in "".join(traceback.format_exception(caught.value))
     chain = []
     error: BaseException | None = caught.value
     while error is not None:
@@ -428,17 +428,17 @@ def test_a_store_that_stays_down_while_staging_uses_up_every_retry(
     assert isinstance(chain[-1], RuntimeError)
     assert str(chain[-1]) == "the task failed"
     notes = [note for error in chain for note in getattr(error, "__notes__", []) if "failed" in note]
-    assert [note.rsplit(": ", 1)[-1] for note in notes] == [
-        "attempt 3 of 3 failed",
-        "attempt 2 of 3 failed",
-        "attempt 1 of 3 failed",
+    assert [note.removeprefix("flyte_checkpoint: ") for note in notes] == [
+        "attempt 2 failed; no retries left (retries=2)",
+        "attempt 1 failed; retrying as attempt 2 (retry 2 of 2)",
+        "attempt 0 failed; retrying as attempt 1 (retry 1 of 2)",
     ]
 
 
 def test_a_retry_whose_staging_failed_is_followed_by_one_that_resumes(
     s3_remote: Remote, s3_proxy: FaultProxy
 ) -> None:
-    """The store is down for attempt 2's staging and back for attempt 3's: attempt 3 resumes."""
+    """The store is down for attempt 1's staging and back for attempt 2's: attempt 2 resumes."""
     restored_values: list[bytes | None] = []
 
     def task() -> str:
@@ -446,12 +446,12 @@ def test_a_retry_whose_staging_failed_is_followed_by_one_that_resumes(
         restored = checkpoint.load_sync()
         restored_values.append(None if restored is None else restored.read_bytes())
         if restored is None:
-            checkpoint.save_sync(b"from attempt 1")
+            checkpoint.save_sync(b"from attempt 0")
             s3_proxy.add_fault(status(503), times=None)
             raise RuntimeError("the task failed")
         return "resumed"
 
-    back_up = _OnRetryLogged(2, s3_proxy.clear_faults)
+    back_up = _OnRetryLogged(1, s3_proxy.clear_faults)
     logging.getLogger("flyte_checkpoint").addHandler(back_up)
     try:
         result = run_with_retries(
@@ -463,7 +463,7 @@ def test_a_retry_whose_staging_failed_is_followed_by_one_that_resumes(
     finally:
         logging.getLogger("flyte_checkpoint").removeHandler(back_up)
     assert result == "resumed"
-    assert restored_values == [None, b"from attempt 1"]
+    assert restored_values == [None, b"from attempt 0"]
 
 
 # -- the async runner never blocks its event loop --------------------------------------------------

@@ -28,12 +28,24 @@ What :func:`install` does:
   cached in the SDK context's ``data`` under :data:`~flyte_checkpoint.CHECKPOINT_CACHE_KEY`, so
   every access in one task attempt returns the same helper, as the SDK's property does. The SDK
   has no hook for choosing the checkpoint class (its property builds a ``flyte.Checkpoint`` and
-  asserts that the cached helper is one), so this public property of the public class is the one
-  thing patched; :func:`uninstall` puts it back. Type checkers still see the SDK's class there:
+  asserts that the cached helper is one), so this public property of the public class is
+  patched; :func:`uninstall` puts it back. Type checkers still see the SDK's class there:
   use :func:`checkpoint` (or ``flyte_checkpoint.ctx().checkpoint``) where the types matter, e.g.
   for ``save(..., background=True)``.
+- It wraps ``execute`` of the SDK's function tasks (``flyte.extend.AsyncFunctionTaskTemplate``,
+  which clustered tasks share) so that every task attempt runs with the preemption handler
+  installed (:func:`flyte_checkpoint.preemption.install_preemption_handler`; SIGTERM becomes
+  ``checkpoint.preempted``) and its previous signal handlers restored afterwards, and an attempt
+  ended by a preemption notice (``raise checkpoint.preemption()``, or the handler ending a task
+  that does not handle it) ends with ``flyte.errors.RuntimeSystemError`` code ``"Preempted"``:
+  the container entry writes it to ``error.pb`` with the system error kind, so the platform
+  retries the attempt on its system budget, not the user's ``retries``. The SDK has no hook
+  around an attempt that runs where signal handlers can be set (its ``pre``/``post`` are methods
+  of each task class, and a ``def`` task runs in a worker thread), hence the wrapper. In the
+  SDK's local mode tasks run outside the main thread, so nothing is installed there.
 
-Both are undone by :func:`uninstall`; calling either twice is harmless. The stored format is the
+All three are undone by :func:`uninstall`; calling :func:`install` or :func:`uninstall` twice is
+harmless. The stored format is the
 SDK's (one object: bytes or a file as-is, a directory as one ``.tar.gz``), so a checkpoint saved by
 the SDK's own helper loads with ours and the other way round, and the SDK's local retries (which
 copy ``checkpoint`` to ``prev_checkpoint`` before each retry) resume from what ours saved.
@@ -51,15 +63,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import importlib.metadata
 import logging
 import re
 import threading
 import warnings
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Coroutine, Hashable, Mapping
 from typing import Any
 
 import flyte
+import flyte.errors
+import flyte.extend
 import flyte.models
 
 from flyte_checkpoint.checkpoint import Checkpoint
@@ -69,7 +84,10 @@ from flyte_checkpoint.context import (
     register_context_provider,
     unregister_context_provider,
 )
-from flyte_checkpoint.errors import ConfigurationError
+from flyte_checkpoint.errors import ConfigurationError, Preempted, describe_error
+from flyte_checkpoint.preemption.handler import install_preemption_handler
+from flyte_checkpoint.preemption.notice import check_grace_seconds
+from flyte_checkpoint.runners.runtime import ended_on_preemption
 
 __all__ = [
     "SUPPORTED_FLYTE_VERSIONS",
@@ -88,6 +106,11 @@ SUPPORTED_FLYTE_VERSIONS = ">=2.1.3,<2.13"
 _FIRST_SUPPORTED = (2, 1, 3)
 _FIRST_UNTESTED = (2, 13)
 _PROPERTY_NAME = "checkpoint"
+_EXECUTE_NAME = "execute"
+PREEMPTED_ERROR_CODE = "Preempted"
+"""The code of the ``flyte.errors.RuntimeSystemError`` that ends a preempted task attempt."""
+
+_Execute = Callable[..., Coroutine[Any, Any, Any]]
 
 
 class _Missing:
@@ -105,6 +128,10 @@ class _Installation:
     original_property: object
     our_property: property
     storage_options: Mapping[str, Any] | None
+    grace_seconds: float | None
+    task_class: type[Any]
+    original_execute: _Execute
+    our_execute: _Execute
 
 
 _lock = threading.Lock()
@@ -221,6 +248,28 @@ def _checkpoint_of(sdk_context: flyte.models.TaskContext) -> Checkpoint | None:
     return context.checkpoint if context is not None else None
 
 
+def _grace_seconds() -> float | None:
+    installation = _installation
+    return installation.grace_seconds if installation is not None else None
+
+
+def _preemptible(execute: _Execute) -> _Execute:
+    """``execute`` of a task attempt, run with the preemption handler; a preemption ends it with
+    the SDK's system error (see the module docstring)."""
+
+    @functools.wraps(execute)
+    async def execute_preemptible(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with install_preemption_handler(grace_seconds=_grace_seconds()):
+            try:
+                return await ended_on_preemption(execute(self, *args, **kwargs))
+            except Preempted as preempted:
+                raise flyte.errors.RuntimeSystemError(
+                    PREEMPTED_ERROR_CODE, describe_error(preempted)
+                ) from preempted
+
+    return execute_preemptible
+
+
 def _sdk_version() -> str:
     try:
         return importlib.metadata.version("flyte")
@@ -252,31 +301,46 @@ def _check_sdk(sdk_class: type[Any], version: str) -> None:
         )
 
 
-def install(*, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Make ``flyte.ctx().checkpoint`` (and :func:`flyte_checkpoint.ctx`) use this package.
+def install(*, storage_options: Mapping[str, Any] | None = None, grace_seconds: float | None = None) -> None:
+    """Make ``flyte.ctx().checkpoint`` (and :func:`flyte_checkpoint.ctx`) use this package, and
+    run every task attempt with the preemption handler.
 
-    Idempotent: a second call changes nothing but ``storage_options``. ``storage_options`` are
-    handed to every helper built for a Flyte task (fsspec options, e.g. an S3 endpoint); by
-    default the backends read credentials from the environment as usual.
+    Idempotent: a second call changes nothing but ``storage_options`` and ``grace_seconds``.
+    ``storage_options`` are handed to every helper built for a Flyte task (fsspec options, e.g. an
+    S3 endpoint); by default the backends read credentials from the environment as usual.
+    ``grace_seconds`` is the time from SIGTERM to the SIGKILL (the pod's
+    ``terminationGracePeriodSeconds``); ``None`` reads ``FLYTE_CHECKPOINT_GRACE_SECONDS`` when
+    each attempt starts, 30 s when unset.
 
     Raises:
-        ConfigurationError: the installed SDK predates ``checkpoint_paths`` (flyte < 2.1.3).
+        ConfigurationError: the installed SDK predates ``checkpoint_paths`` (flyte < 2.1.3), or
+            ``grace_seconds`` is not a number of seconds > 0.
     """
     global _installation
+    if grace_seconds is not None:
+        grace_seconds = check_grace_seconds(grace_seconds)
     with _lock:
         if _installation is not None:
             _installation.storage_options = storage_options
+            _installation.grace_seconds = grace_seconds
             return
         sdk_class: type[Any] = flyte.models.TaskContext
         _check_sdk(sdk_class, _sdk_version())
         our_property = property(_checkpoint_of, doc=_checkpoint_of.__doc__)
+        task_class: type[Any] = flyte.extend.AsyncFunctionTaskTemplate
+        original_execute: _Execute = task_class.__dict__[_EXECUTE_NAME]
         _installation = _Installation(
             sdk_class=sdk_class,
             original_property=sdk_class.__dict__.get(_PROPERTY_NAME, _MISSING),
             our_property=our_property,
             storage_options=storage_options,
+            grace_seconds=grace_seconds,
+            task_class=task_class,
+            original_execute=original_execute,
+            our_execute=_preemptible(original_execute),
         )
         setattr(sdk_class, _PROPERTY_NAME, our_property)
+        setattr(task_class, _EXECUTE_NAME, _installation.our_execute)
         register_context_provider(_running_flyte_task)
         logger.debug(
             "flyte.ctx().checkpoint now returns flyte_checkpoint.Checkpoint (flyte %s)", _sdk_version()
@@ -303,12 +367,20 @@ def uninstall() -> None:
                 setattr(installation.sdk_class, _PROPERTY_NAME, installation.original_property)
         else:
             logger.warning("TaskContext.checkpoint was replaced by someone else since install(); left as is")
+        if installation.task_class.__dict__.get(_EXECUTE_NAME) is installation.our_execute:
+            setattr(installation.task_class, _EXECUTE_NAME, installation.original_execute)
+        else:
+            logger.warning(
+                "AsyncFunctionTaskTemplate.execute was replaced by someone else since install(); left as is"
+            )
 
 
 def is_installed() -> bool:
-    """Whether ``flyte.ctx().checkpoint`` currently returns a :class:`flyte_checkpoint.Checkpoint`."""
+    """Whether ``flyte.ctx().checkpoint`` currently returns a :class:`flyte_checkpoint.Checkpoint`
+    and task attempts run with the preemption handler."""
     installation = _installation
     return (
         installation is not None
         and installation.sdk_class.__dict__.get(_PROPERTY_NAME) is installation.our_property
+        and installation.task_class.__dict__.get(_EXECUTE_NAME) is installation.our_execute
     )

@@ -15,6 +15,11 @@ thread:
   ``SystemExit`` whose status is the signal's usual ``128 + signum``). ``finally`` blocks and
   ``with`` blocks run; the runners decide the exit.
 
+A caller whose main thread runs an event loop (the async runner, the Flyte plugin) cannot let the
+``Preempted`` be raised there: an exception a signal handler raises in the loop escapes the loop
+itself, past every ``except`` of the task's caller. It hands the watcher a function that ends the
+attempt its own way instead (:func:`ending_delivered_to`: cancelling the attempt's asyncio task).
+
 Handlers can be installed from the main thread only (Python's rule); elsewhere installing does
 nothing and says so in a DEBUG line. Installing again (a runner inside the Flyte plugin) reuses
 the handlers in place; the last uninstall restores what was there before.
@@ -29,7 +34,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -42,6 +48,8 @@ DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM,)
 _POLL_SECONDS = 0.05
 
 _SignalHandler = Callable[[int, FrameType | None], Any] | int | None
+Deliver = Callable[[Preempted], None]
+"""Ends an attempt with the given ``Preempted``; called in the watcher thread."""
 
 
 class _State:
@@ -58,6 +66,8 @@ class _State:
         self.stop = threading.Event()
         self.watcher: threading.Thread | None = None
         self.cloud: cloud.CloudNoticeWatcher | None = None
+        self.deliverers: list[Deliver] = []
+        """Where endings go instead of the main thread (:func:`ending_delivered_to`), innermost last."""
 
 
 _state = _State()
@@ -169,11 +179,33 @@ def _signal_number(value: int | signal.Signals) -> int:
         ) from None
 
 
+@contextmanager
+def ending_delivered_to(deliver: Deliver) -> Iterator[None]:
+    """In the block, a task that does not handle the notice is ended by ``deliver(preempted)``
+    (called in the watcher thread) instead of by raising the ``Preempted`` in the main thread.
+
+    For code whose main thread runs an event loop; see the module docstring. Nested blocks: the
+    innermost one's ``deliver`` is used.
+    """
+    with _state.lock:
+        _state.deliverers.append(deliver)
+    try:
+        yield
+    finally:
+        with _state.lock:
+            _state.deliverers.remove(deliver)
+
+
 def _watch(stop: threading.Event) -> None:
-    """End the main thread of a task that did not take the notice over, once its saves are done."""
+    """End the attempt of a task that did not take the notice over, once its saves are done.
+
+    The watcher outlives the attempt it ended: a runner retrying in this process clears the
+    notice (:func:`.notice.clear`) and the next attempt is watched the same way.
+    """
+    ended: notice.PreemptionNotice | None = None
     while not stop.wait(_POLL_SECONDS):
         current = notice.current_notice()
-        if current is None or notice.taken_over() or not _state.end_main_thread:
+        if current is None or current is ended or notice.taken_over() or not _state.end_main_thread:
             continue
         logger.warning(
             "preemption notice: %s; the task does not handle it, so it ends once the saves in "
@@ -185,16 +217,25 @@ def _watch(stop: threading.Event) -> None:
         while not (done := notice.wait_for_saves(min(until, time.monotonic() + _POLL_SECONDS))):
             if notice.taken_over() or stop.is_set() or time.monotonic() >= until:
                 break
-        if notice.taken_over() or stop.is_set():
-            continue
+        if notice.taken_over() or stop.is_set() or notice.current_notice() is not current:
+            continue  # taken over, uninstalled, or cleared by a runner starting another attempt
         detail = (
             "the saves in flight committed first"
             if done
             else "a save still in flight did not commit in time; the previous checkpoint is kept "
             "unless it does"
         )
-        _end_main_thread(notice.preempted_exit(current, detail=detail))
-        return
+        ended = current
+        _end_attempt(notice.preempted_exit(current, detail=detail))
+
+
+def _end_attempt(ending: Preempted) -> None:
+    with _state.lock:
+        deliver = _state.deliverers[-1] if _state.deliverers else None
+    if deliver is not None:
+        deliver(ending)
+    else:
+        _end_main_thread(ending)
 
 
 def _end_main_thread(ending: Preempted) -> None:

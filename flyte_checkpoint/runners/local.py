@@ -1,4 +1,9 @@
-"""The local retry loop: run a task until it succeeds, staging each attempt's checkpoint for the next."""
+"""The local retry loop: run a task until it succeeds, staging each attempt's checkpoint for the next.
+
+Two budgets: ``retries`` for attempts that failed (the task raised an exception) and
+``preemption_retries`` for attempts ended by a preemption notice (``Preempted``), so being
+preempted never uses up the retries meant for the task's own failures.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from flyte_checkpoint.context import CheckpointPaths, TaskContext
-from flyte_checkpoint.errors import InvalidCheckpointInputError
+from flyte_checkpoint.errors import InvalidCheckpointInputError, Preempted
+from flyte_checkpoint.preemption import notice
+from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.runners.runtime import acall_task, attempt_scope, attempt_scope_async, call_task
 from flyte_checkpoint.storage import copy_object
 from flyte_checkpoint.uris import clean_uri, is_local
@@ -23,6 +30,8 @@ logger = logging.getLogger("flyte_checkpoint")
 # parameters (retries=...) between *args: P.args and **kwargs: P.kwargs.
 R = TypeVar("R")
 
+DEFAULT_PREEMPTION_RETRIES = 10
+
 
 def join_location(base: str, name: str) -> str:
     """``base/name`` for a local path or a storage URI."""
@@ -31,8 +40,27 @@ def join_location(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}"
 
 
+class _Budget:
+    """Extra attempts of one kind: after failed attempts, or after preempted ones."""
+
+    def __init__(self, name: str, allowed: object, counted_as: str, meaning: str) -> None:
+        """``counted_as`` names one retry of this kind in logs: "retry 1 of 3", "preemption 1 of 10"."""
+        if isinstance(allowed, bool) or not isinstance(allowed, int) or allowed < 0:
+            raise InvalidCheckpointInputError(
+                f"{name} must be a whole number >= 0 ({meaning}), got {allowed!r}"
+            )
+        self.name = name
+        self.allowed = allowed
+        self.counted_as = counted_as
+        self.used = 0
+
+
 class RetryPlan:
-    """What one retried run shares between its attempts, whichever way they are called."""
+    """What one retried run shares between its attempts, whichever way they are called.
+
+    Attempts are numbered from 0 as their contexts' ``attempt_number`` is, whichever budget
+    each retry came from; every log line and note uses that number.
+    """
 
     def __init__(
         self,
@@ -40,12 +68,14 @@ class RetryPlan:
         checkpoint_dir: str | os.PathLike[str] | None,
         storage_options: Mapping[str, Any] | None,
         run_name: str | None,
+        preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
     ) -> None:
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise InvalidCheckpointInputError(
-                f"retries must be a whole number >= 0 (extra attempts after the first), got {retries!r}"
-            )
-        self.retries = retries
+        self.retries = _Budget("retries", retries, "retry", "extra attempts after failed ones")
+        self.preemption_retries = _Budget(
+            "preemption_retries", preemption_retries, "preemption", "extra attempts after preempted ones"
+        )
+        self.number = 0
+        """The attempt running now (or next)."""
         self.storage_options = storage_options
         self.run_name = run_name
         self._own_dir: str | None = None
@@ -56,32 +86,49 @@ class RetryPlan:
             checkpoint_path=join_location(base, "checkpoint"),
             prev_checkpoint_path=join_location(base, "prev_checkpoint"),
         )
-        self.errors: list[Exception] = []
+        self.errors: list[BaseException] = []
 
-    @property
-    def attempts(self) -> range:
-        return range(self.retries + 1)
+    def context(self) -> TaskContext:
+        """A fresh context for the next attempt: the attempt number travels in it, not in os.environ.
 
-    def context_for(self, number: int) -> TaskContext:
-        """A fresh context for attempt ``number``: the attempt number travels in it, not in os.environ."""
-        logger.info("attempt %d of %d", number + 1, self.retries + 1)
+        A later attempt starts without the preemption notice an earlier one received (the
+        notice is process-wide; :func:`.notice.clear`).
+        """
+        if self.number:
+            notice.clear()
+        logger.info("attempt %d starting", self.number)
         return TaskContext(
             checkpoint_paths=self.paths,
             run_name=self.run_name,
             storage_options=self.storage_options,
-            attempt_number=number,
+            attempt_number=self.number,
         )
 
-    def failed(self, number: int, error: Exception) -> None:
-        """Record the failure of attempt ``number``; raise the last error when none are left."""
-        _note(error, f"flyte_checkpoint: attempt {number + 1} of {self.retries + 1} failed")
+    def failed(self, error: Exception) -> None:
+        """Count the failure of this attempt against ``retries``; raise it when none are left."""
+        self._retry_or_raise(error, "failed", f"{type(error).__name__}: {error}", self.retries)
+
+    def preempted(self, error: Preempted) -> None:
+        """Count the preemption of this attempt against ``preemption_retries``; raise it when none
+        are left."""
+        what = str(error).removeprefix("preempted by ")
+        self._retry_or_raise(error, "preempted", what, self.preemption_retries)
+
+    def _retry_or_raise(self, error: BaseException, ended: str, what: str, budget: _Budget) -> None:
         if self.errors:
             _chain(error, self.errors[-1])
         self.errors.append(error)
-        if number >= self.retries:
+        if budget.used >= budget.allowed:
+            exhausted = f"no {budget.name.replace('_', ' ')} left ({budget.name}={budget.allowed})"
+            _note(error, f"flyte_checkpoint: attempt {self.number} {ended}; {exhausted}")
             self.finish()
             raise error
-        logger.warning("attempt %d failed (%s: %s); retrying", number + 1, type(error).__name__, error)
+        budget.used += 1
+        counted = f"{budget.counted_as} {budget.used} of {budget.allowed}"
+        retrying = f"retrying as attempt {self.number + 1} ({counted})"
+        _note(error, f"flyte_checkpoint: attempt {self.number} {ended}; {retrying}")
+        logger.warning("attempt %d %s (%s); %s", self.number, ended, what, retrying)
+        self.number += 1
 
     def stage_previous(self) -> None:
         """Copy the last attempt's checkpoint object to the previous-checkpoint location.
@@ -116,6 +163,8 @@ def run_with_retries(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     run_name: str | None = None,
+    preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
+    grace_seconds: float | None = None,
     **kwargs: Any,
 ) -> R: ...
 
@@ -128,6 +177,8 @@ def run_with_retries(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     run_name: str | None = None,
+    preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
+    grace_seconds: float | None = None,
     **kwargs: Any,
 ) -> R: ...
 
@@ -139,6 +190,8 @@ def run_with_retries(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     run_name: str | None = None,
+    preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
+    grace_seconds: float | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` (``def`` or ``async def``) with up to ``retries`` retries.
@@ -151,21 +204,36 @@ def run_with_retries(
     storage URI. Returns the first successful result (awaited, for an ``async def`` task), typed
     as ``fn``'s, or re-raises the last attempt's error with the earlier attempts' errors chained
     as its context.
+
+    Preemption: the preemption handler is installed for the run (from the main thread; elsewhere
+    nothing is installed) and the previous signal handlers are restored when it returns or
+    raises. ``grace_seconds`` is the time from SIGTERM to the expected SIGKILL (``None``:
+    ``FLYTE_CHECKPOINT_GRACE_SECONDS``, else 30 s). An attempt that ends with
+    :class:`~flyte_checkpoint.errors.Preempted` (``raise checkpoint.preemption()``, or the
+    handler ending a task that does not handle the notice) was preempted, not failed: it is
+    retried on its own budget of ``preemption_retries`` extra attempts without using one of
+    ``retries``, the next attempt starts without the notice and resumes from the checkpoint
+    staged as after a failure, and once the budget is spent the ``Preempted`` is re-raised
+    (``preemption_retries=0`` re-raises the first, e.g. to let a real preemption end the
+    process). Attempts are numbered from 0 in log lines and notes, as ``attempt_number`` is.
     """
-    plan = RetryPlan(retries, checkpoint_dir, storage_options, run_name)
-    for number in plan.attempts:
-        context = plan.context_for(number)
-        try:
-            with attempt_scope(context):
-                if number:
-                    plan.stage_previous()
-                result = call_task(fn, args, kwargs)
-        except Exception as error:
-            plan.failed(number, error)
-            continue
-        plan.finish()
-        return result
-    raise AssertionError("unreachable: the last failed attempt raises")  # pragma: no cover
+    plan = RetryPlan(retries, checkpoint_dir, storage_options, run_name, preemption_retries)
+    with install_preemption_handler(grace_seconds=grace_seconds):
+        while True:
+            context = plan.context()
+            try:
+                with attempt_scope(context):
+                    if plan.number:
+                        plan.stage_previous()
+                    result = call_task(fn, args, kwargs)
+            except Exception as error:
+                plan.failed(error)
+                continue
+            except Preempted as preempted:
+                plan.preempted(preempted)
+                continue
+            plan.finish()
+            return result
 
 
 @overload
@@ -176,6 +244,8 @@ async def run_with_retries_async(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     run_name: str | None = None,
+    preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
+    grace_seconds: float | None = None,
     **kwargs: Any,
 ) -> R: ...
 
@@ -188,6 +258,8 @@ async def run_with_retries_async(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     run_name: str | None = None,
+    preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
+    grace_seconds: float | None = None,
     **kwargs: Any,
 ) -> R: ...
 
@@ -199,28 +271,38 @@ async def run_with_retries_async(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     run_name: str | None = None,
+    preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
+    grace_seconds: float | None = None,
     **kwargs: Any,
 ) -> Any:
     """:func:`run_with_retries` for callers inside an event loop.
 
     Nothing blocks the loop: ``def`` tasks, staging, closing each attempt's helper (which waits
     for a background save to finish) and removing a temporary ``checkpoint_dir`` run in worker
-    threads.
+    threads. Preemption as in :func:`run_with_retries`, except that a task that does not handle
+    the notice is ended by cancelling it (it sees ``CancelledError`` at the ``await`` it is in),
+    and a ``def`` task, running in a worker thread, cannot be ended from outside at all: read
+    ``checkpoint.preempted`` in its loop.
     """
-    plan = await asyncio.to_thread(RetryPlan, retries, checkpoint_dir, storage_options, run_name)
-    for number in plan.attempts:
-        context = plan.context_for(number)
-        try:
-            async with attempt_scope_async(context):
-                if number:
-                    await asyncio.to_thread(plan.stage_previous)
-                result = await acall_task(fn, args, kwargs)
-        except Exception as error:
-            await asyncio.to_thread(plan.failed, number, error)
-            continue
-        await asyncio.to_thread(plan.finish)
-        return result
-    raise AssertionError("unreachable: the last failed attempt raises")  # pragma: no cover
+    plan = await asyncio.to_thread(
+        RetryPlan, retries, checkpoint_dir, storage_options, run_name, preemption_retries
+    )
+    with install_preemption_handler(grace_seconds=grace_seconds):
+        while True:
+            context = plan.context()
+            try:
+                async with attempt_scope_async(context):
+                    if plan.number:
+                        await asyncio.to_thread(plan.stage_previous)
+                    result = await acall_task(fn, args, kwargs)
+            except Exception as error:
+                await asyncio.to_thread(plan.failed, error)
+                continue
+            except Preempted as preempted:
+                await asyncio.to_thread(plan.preempted, preempted)
+                continue
+            await asyncio.to_thread(plan.finish)
+            return result
 
 
 def _note(error: BaseException, note: str) -> None:

@@ -12,6 +12,7 @@ import flyte
 
 import flyte_checkpoint
 import flyte_checkpoint.integrations.flyte as flyte_plugin
+from tests import runner_programs
 from tests.integrations.examples import load_example
 
 # Where the SDK's local mode writes run metadata; it has no option to move it.
@@ -174,3 +175,16 @@ async def train_the_pytorch_example(epochs: int, fail_at_epoch: int, workdir: st
     return int(
         await example.train(epochs, fail_at_epoch, workdir, on_start=lambda start, *_: _log_start(log, start))
     )
+
+
+@env.task
+def count_until_preempted(signals: int, unhandled: bool) -> int:
+    """``tests.runner_programs.count`` as a Flyte task: attempts below ``signals`` wait at step 2
+    for SIGTERM; handled, they save on the notice and raise ``checkpoint.preemption()``."""
+    return runner_programs.count(signals=signals, unhandled=unhandled)
+
+
+@env.task
+async def count_until_preempted_async(signals: int, unhandled: bool) -> int:
+    """:func:`count_until_preempted` as an ``async def`` task."""
+    return await runner_programs.count_async(signals=signals, unhandled=unhandled)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import flyte
+import flyte.extend
 import flyte.models
 import flyte.report
 import fsspec
@@ -277,6 +278,24 @@ def test_install_and_uninstall_are_idempotent() -> None:
     flyte_plugin.uninstall()
     assert not flyte_plugin.is_installed()
     assert flyte.models.TaskContext.__dict__["checkpoint"] is original
+
+
+def test_install_wraps_the_execute_of_function_tasks_and_uninstall_puts_it_back() -> None:
+    original = flyte.extend.AsyncFunctionTaskTemplate.__dict__["execute"]
+    flyte_plugin.install()
+    try:
+        wrapped = flyte.extend.AsyncFunctionTaskTemplate.__dict__["execute"]
+    finally:
+        flyte_plugin.uninstall()
+    assert wrapped is not original
+    assert wrapped.__wrapped__ is original
+    assert flyte.extend.AsyncFunctionTaskTemplate.__dict__["execute"] is original
+
+
+def test_install_refuses_a_grace_period_that_is_not_a_number_of_seconds() -> None:
+    with pytest.raises(ConfigurationError, match="grace_seconds"):
+        flyte_plugin.install(grace_seconds=-1)
+    assert not flyte_plugin.is_installed()
 
 
 def test_install_adds_the_property_to_an_sdk_that_has_none(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import selectors
@@ -29,23 +30,41 @@ class Program:
     def __init__(self, process: subprocess.Popen[str]) -> None:
         self.process = process
         self.lines: list[str] = []
+        self._scanned = 0
+        """Lines :meth:`wait_for_line` has looked at; a later call looks only at the ones after."""
+        self._partial = ""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def wait_for_line(self, wanted: str, timeout: float = READY_TIMEOUT) -> None:
-        """Read output until a line equal to ``wanted``; fail if the program ends or stalls first."""
-        assert self.process.stdout is not None
+        """Read output until a line equal to ``wanted``; fail if the program ends or stalls first.
+
+        The pipe is read with ``os.read``, not through the buffered ``process.stdout``: a
+        ``readline()`` there may take several lines into its buffer at once, and a ``select()``
+        on the pipe then waits for output that was already read.
+        """
         give_up = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            while time.monotonic() < give_up:
-                if not selector.select(timeout=max(0.0, give_up - time.monotonic())):
-                    break
-                line = self.process.stdout.readline()
-                if not line:
-                    break
-                self.lines.append(line.rstrip("\n"))
-                if self.lines[-1] == wanted:
+        while True:
+            while self._scanned < len(self.lines):
+                self._scanned += 1
+                if self.lines[self._scanned - 1] == wanted:
                     return
-        raise AssertionError(f"the program never printed {wanted!r}; its output:\n{self.output()}")
+            if not self._read_more(give_up):
+                raise AssertionError(f"the program never printed {wanted!r}; its output:\n{self.output()}")
+
+    def _read_more(self, give_up: float) -> bool:
+        """Read what the program printed next, by ``give_up``; whether it printed anything."""
+        assert self.process.stdout is not None
+        descriptor = self.process.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(descriptor, selectors.EVENT_READ)
+            if not selector.select(timeout=max(0.0, give_up - time.monotonic())):
+                return False
+        chunk = os.read(descriptor, 1 << 16)
+        if not chunk:
+            return False
+        *complete, self._partial = (self._partial + self._decoder.decode(chunk)).split("\n")
+        self.lines.extend(complete)
+        return True
 
     def finish(self, timeout: float = HANG_TIMEOUT) -> int:
         """Wait for the exit (failing the test if it hangs); the exit status, as ``Popen`` has it."""
@@ -54,12 +73,16 @@ class Program:
         except subprocess.TimeoutExpired:
             self.process.kill()
             rest, _ = self.process.communicate()
-            self.lines.extend(rest.splitlines())
+            self._take_rest(rest)
             raise AssertionError(
                 f"the program hung (killed after {timeout} s); its output:\n{self.output()}"
             ) from None
-        self.lines.extend(rest.splitlines())
+        self._take_rest(rest)
         return self.process.returncode
+
+    def _take_rest(self, rest: str) -> None:
+        self.lines.extend((self._partial + self._decoder.decode(b"", final=True) + rest).splitlines())
+        self._partial = ""
 
     def output(self) -> str:
         """Everything read so far (all of it, once :meth:`finish` returned)."""
@@ -75,9 +98,11 @@ def running(
     *,
     storage_options: Mapping[str, Any] | None = None,
     module: str = "tests.signals.programs",
+    environment: Mapping[str, str] | None = None,
 ) -> Iterator[Program]:
-    """Start ``python -m MODULE ARGV`` from the repository root; kill and reap it on leaving."""
-    env = dict(os.environ)
+    """Start ``python -m MODULE ARGV`` from the repository root (with ``environment`` added to
+    this process's); kill and reap it on leaving."""
+    env = {**os.environ, **(environment or {})}
     if storage_options is not None:
         env[STORAGE_OPTIONS_ENV] = json.dumps(dict(storage_options))
     process = subprocess.Popen(
