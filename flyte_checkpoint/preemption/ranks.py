@@ -18,7 +18,7 @@ Orbax agrees the same way out of band: its preemption sync manager, once a notic
 collects every host's step through the JAX coordination service and sets the sync point to the
 fastest host's next step, so its per-step call (``reached_preemption(step)``) is a local check.
 torch.distributed has no such service, so the vote travels in band, as one small all-reduce per
-call (tens of microseconds with gloo on one machine: ``benchmarks/preemption_ranks.py``).
+call, costing what that collective costs (``benchmarks/preemption_ranks.py`` measures it).
 
 :func:`reached_preemption` runs the vote on a ``torch.distributed`` process group; frameworks that
 own their collectives (Lightning's strategy) reduce :func:`ballot` themselves and read the result

@@ -8,15 +8,20 @@ process-group timeout; the launch is bounded and kills every rank it started on 
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
-from flyte_checkpoint.distributed import DistributedCheckpointManager
+from flyte_checkpoint.distributed import DistributedCheckpointManager, checkpoint_failure
+from flyte_checkpoint.errors import PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.ranks import PEER_SOURCE
 from tests.distributed import ranks
 from tests.distributed.checks import load_here
 from tests.distributed.programs import full_state
 from tests.stores import Store
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 WORLD = 4
 PG_TIMEOUT = 20  # a rank stuck in a collective fails the launch well within its timeout
@@ -78,5 +83,22 @@ def test_without_a_process_group_the_answer_is_this_process_notice(local_store: 
         notice.notify("SIGTERM", 30.0, 15)
         assert manager.reached_preemption(6) is True
         assert notice.taken_over()
+    finally:
+        notice.clear()
+
+
+def test_a_save_after_the_save_deadline_is_stopped_and_the_previous_step_stays_newest(
+    local_store: Store,
+) -> None:
+    manager = DistributedCheckpointManager(local_store.uri("ckpt"))
+    manager.save(1, {"weights": torch.ones(4)})
+    notice.clear()
+    try:
+        notice.notify("SIGTERM", 0.001, 15)  # the deadline has passed
+        with pytest.raises(CheckpointException) as raised:
+            manager.save(2, {"weights": torch.zeros(4)})
+        assert isinstance(checkpoint_failure(raised.value), PreemptionDeadlineError)
+        assert manager.steps() == [1]
+        assert manager.preemption().saved is False
     finally:
         notice.clear()
