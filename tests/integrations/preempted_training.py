@@ -146,3 +146,9 @@ def preempt(framework: str, workdir: Path, wait_at_step: int, devices: int = 1) 
         program.send(signal.SIGTERM)
         status = program.finish(timeout=60)
     return status, program.lines
+
+
+def steps_of(lines: list[str], rank: int) -> list[int]:
+    """The global steps ``rank`` finished, in order, from the output of :func:`preempt`."""
+    prefix = f"rank {rank} step "
+    return [int(line[len(prefix) :]) for line in lines if line.startswith(prefix)]

@@ -16,7 +16,7 @@ from flyte_checkpoint.errors import ConfigurationError, Preempted
 from flyte_checkpoint.integrations.lightning import MirroredModelCheckpoint, restore_last_checkpoint
 from flyte_checkpoint.preemption import notice
 from tests.integrations.examples import load_example
-from tests.integrations.preempted_training import preempt
+from tests.integrations.preempted_training import preempt, steps_of
 
 example = load_example("lightning_resume")
 STEPS_PER_EPOCH = 4  # 32 samples in batches of 8
@@ -167,16 +167,21 @@ def test_the_example_script_resumes_after_its_planned_crash(
 # --------------------------------------------------------------------------- preemption
 
 
-def test_a_sigterm_mid_fit_saves_the_next_step_stops_and_exits_as_preempted(tmp_path: Path) -> None:
-    status, lines = preempt("lightning", tmp_path, wait_at_step=5)
-    assert status == 143, "\n".join(lines)
-    steps = [line for line in lines if line.startswith("rank 0 step ")]
-    assert steps[-1] == "rank 0 step 6", "training went on after the step that saved"
-    assert "rank 0 preempted" in lines
+def resumed_step(tmp_path: Path) -> int:
+    """The global step a retry of the run in ``tmp_path`` resumes at (from the saved ``last.ckpt``)."""
     with Checkpoint(str(tmp_path / "next"), str(tmp_path / "object")) as checkpoint:
         last = restore_last_checkpoint(checkpoint, dirpath=tmp_path / "restored")
         assert last is not None
-        assert torch.load(last, weights_only=False)["global_step"] == 6
+        step: int = torch.load(last, weights_only=False)["global_step"]
+        return step
+
+
+def test_a_sigterm_mid_fit_saves_the_next_step_stops_and_exits_as_preempted(tmp_path: Path) -> None:
+    status, lines = preempt("lightning", tmp_path, wait_at_step=5)
+    assert status == 143, "\n".join(lines)
+    assert steps_of(lines, 0)[-1] == 6, "training went on after the step that saved"
+    assert "rank 0 preempted" in lines
+    assert resumed_step(tmp_path) == 6
 
 
 def test_under_ddp_a_sigterm_on_one_rank_stops_both_at_the_same_step_and_neither_hangs(
@@ -185,13 +190,8 @@ def test_under_ddp_a_sigterm_on_one_rank_stops_both_at_the_same_step_and_neither
     status, lines = preempt("lightning", tmp_path, wait_at_step=5, devices=2)
     assert status == 143, "\n".join(lines)
     assert {"rank 0 preempted", "rank 1 preempted"} <= set(lines), "\n".join(lines)
-    for rank in (0, 1):
-        steps = [line for line in lines if line.startswith(f"rank {rank} step ")]
-        assert steps[-1] == f"rank {rank} step 6", "\n".join(lines)
-    with Checkpoint(str(tmp_path / "next"), str(tmp_path / "object")) as checkpoint:
-        last = restore_last_checkpoint(checkpoint, dirpath=tmp_path / "restored")
-        assert last is not None
-        assert torch.load(last, weights_only=False)["global_step"] == 6
+    assert steps_of(lines, 0)[-1] == steps_of(lines, 1)[-1] == 6, "\n".join(lines)
+    assert resumed_step(tmp_path) == 6
 
 
 class NoticeAt(pl.Callback):
