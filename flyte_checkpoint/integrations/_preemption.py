@@ -52,6 +52,6 @@ def preempted_exit(checkpoint: BaseCheckpoint, *, saver: bool, step: int) -> Pre
     if current is None:  # the vote records the notice on every rank; only a runner's clear() undoes it
         raise RuntimeError("no preemption notice is recorded; the run did not stop for one")
     detail = f"training stopped at step {step} on every rank" + (
-        "" if saver else "; the main process saves the checkpoint"
+        "" if saver else "; the main process saved the checkpoint"
     )
     return notice.preempted_exit(current, detail=detail)

@@ -104,8 +104,9 @@ class MirroredModelCheckpoint(ModelCheckpoint):
 
     After a preemption notice, at the next training batch end, every rank writes ``last.ckpt`` of
     the current step (the file ``save_last=True`` keeps: keep that on, so later saves replace it),
-    rank 0 saves the directory (bounded by the save deadline; a save that cannot commit in time is
-    logged and the previous checkpoint kept), ``trainer.should_stop`` is set, and then:
+    rank 0 saves the directory while the others wait for it (bounded by the save deadline; a save
+    that cannot commit in time is logged and the previous checkpoint kept), ``trainer.should_stop``
+    is set, and then:
 
     * ``on_preemption="raise"`` (the default): the hook raises
       :class:`~flyte_checkpoint.errors.Preempted`; Lightning calls ``on_exception`` and tears
@@ -183,6 +184,8 @@ class MirroredModelCheckpoint(ModelCheckpoint):
         with preemption_save(step), self._mirroring(trainer):
             self.last_model_path = filepath
             self._save_checkpoint(trainer, filepath)
+        # Rank 0 uploads; the others wait for it, so none exits first (torchrun would then stop rank 0).
+        trainer.strategy.barrier("flyte_checkpoint: preemption save")
         trainer.should_stop = True
         if self.on_preemption == "raise":
             raise preempted_exit(self.checkpoint, saver=trainer.is_global_zero, step=step)

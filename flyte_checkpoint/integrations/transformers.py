@@ -63,7 +63,8 @@ class MirrorOutputDirCallback(TrainerCallback):
     checkpoint of that step (``control.should_save``, whatever the save strategy; no evaluation)
     and to stop (``control.should_training_stop``); the directory is saved as usual once the
     checkpoint is written (bounded by the save deadline; a save that cannot commit in time is
-    logged and the previous checkpoint kept). Then:
+    logged and the previous checkpoint kept), and the other ranks wait for that upload at the end
+    of training. Then:
 
     * ``on_preemption="raise"`` (the default): ``on_train_end`` raises
       :class:`~flyte_checkpoint.errors.Preempted`, so ``trainer.train()`` raises it and a task
@@ -130,7 +131,10 @@ class MirrorOutputDirCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.preempted_at is not None and self.on_preemption == "raise":
+        if self.preempted_at is None:
+            return
+        ranks.wait_for_every_rank()  # for the main process's upload, so no rank exits first
+        if self.on_preemption == "raise":
             raise preempted_exit(self.checkpoint, saver=state.is_world_process_zero, step=self.preempted_at)
 
 

@@ -104,6 +104,15 @@ def reached_preemption(step: int, process_group: Any = None) -> bool:
     return count(tensor.tolist(), step)
 
 
+def wait_for_every_rank(process_group: Any = None) -> None:
+    """A barrier of ``process_group`` (nothing without one): ranks that stopped wait there for the
+    rank still saving, so none exits first (torchrun stops every worker once one has exited)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
+        dist.barrier(group=process_group)
+
+
 def _device_of(process_group: Any) -> torch.device:
     """Where the group's collectives take their tensors: CUDA for nccl, else the CPU (gloo, mpi,
     and a ``cpu:gloo,cuda:nccl`` group, whose CPU tensors go through gloo)."""

@@ -6,7 +6,8 @@ FRAMEWORK is ``lightning`` or ``transformers``. The run trains the tiny model of
 example under the preemption handler (as the runners install it), with the callback under test
 mirroring to the checkpoint ``WORKDIR/object``. When step N starts, rank 0 prints ``ready`` and
 waits for the notice, so the parent's signal lands inside step N; after each step every rank
-prints ``rank R step S``, and ``rank R preempted`` if it ends so. ``trainer.fit`` /
+prints ``rank R step S``, ``rank R uploaded`` after each upload of its checkpoint, and
+``rank R preempted`` if it ends so. ``trainer.fit`` /
 ``trainer.train`` is the whole task: the process ends however that call ends (``Preempted``
 exits with 128 + the signal's number). ``--devices 2`` runs Lightning DDP on the CPU (gloo):
 Lightning starts rank 1 as a second process, which gets no signal.
@@ -49,6 +50,16 @@ def rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+class SlowUploads(Checkpoint):
+    """Uploads that take a while (as remote ones do), saying ``rank R uploaded`` when committed:
+    the other ranks must still be waiting then."""
+
+    def save_sync(self, data: Any, **kwargs: Any) -> None:
+        time.sleep(0.5)
+        super().save_sync(data, **kwargs)
+        say(f"rank {rank()} uploaded")
+
+
 def train_lightning(workdir: Path, wait_at_step: int, devices: int) -> None:
     import lightning.pytorch as pl
 
@@ -68,7 +79,7 @@ def train_lightning(workdir: Path, wait_at_step: int, devices: int) -> None:
         ) -> None:
             say(f"rank {rank()} step {trainer.global_step}")
 
-    with Checkpoint(str(workdir / "object")) as checkpoint:
+    with SlowUploads(str(workdir / "object")) as checkpoint:
         trainer = pl.Trainer(
             max_epochs=1000,
             accelerator="cpu",
@@ -105,7 +116,7 @@ def train_transformers(workdir: Path, wait_at_step: int, devices: int) -> None:
         ) -> None:
             say(f"rank {rank()} step {state.global_step}")
 
-    with Checkpoint(str(workdir / "object")) as checkpoint:
+    with SlowUploads(str(workdir / "object")) as checkpoint:
         Trainer(
             model=example.tiny_model(),
             args=example.training_arguments(str(workdir / "output"), max_steps=1000, save_steps=1000),

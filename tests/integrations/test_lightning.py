@@ -191,6 +191,8 @@ def test_under_ddp_a_sigterm_on_one_rank_stops_both_at_the_same_step_and_neither
     assert status == 143, "\n".join(lines)
     assert {"rank 0 preempted", "rank 1 preempted"} <= set(lines), "\n".join(lines)
     assert steps_of(lines, 0)[-1] == steps_of(lines, 1)[-1] == 6, "\n".join(lines)
+    last_upload = len(lines) - 1 - lines[::-1].index("rank 0 uploaded")
+    assert last_upload < lines.index("rank 1 preempted"), "rank 1 exited before rank 0's upload committed"
     assert resumed_step(tmp_path) == 6
 
 
