@@ -16,6 +16,13 @@ The callback saves with :meth:`~flyte_checkpoint.Checkpoint.save_sync` on purpos
 its hooks synchronously, from the training loop, even when the task around it is ``async def``, so
 there is no event loop to await on; and the upload has to be complete before training moves on,
 or a crash right after "checkpoint saved" could leave the previous object in place.
+
+Preemption: at the end of the first training batch after a notice (SIGTERM, once the runners or
+:func:`~flyte_checkpoint.preemption.install_preemption_handler` installed the handler), the
+callback writes ``last.ckpt`` of that step, saves the directory, and ends ``fit`` with
+:class:`~flyte_checkpoint.errors.Preempted`, which the runners count as a preemption; the retry
+resumes from that step. Under DDP the ranks vote at each batch end through the strategy's
+all-reduce, so all of them stop at the same step even when one alone got the signal.
 """
 
 from __future__ import annotations
@@ -27,13 +34,21 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
 from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
+from flyte_checkpoint.integrations._preemption import (
+    OnPreemption,
+    check_on_preemption,
+    preempted_exit,
+    preemption_save,
+)
 from flyte_checkpoint.integrations._restore import replace_contents, restore_directory
 from flyte_checkpoint.latest import latest_checkpoint
+from flyte_checkpoint.preemption import handler, notice, ranks
 
 __all__ = ["MirroredModelCheckpoint", "restore_last_checkpoint"]
 
@@ -86,13 +101,47 @@ class MirroredModelCheckpoint(ModelCheckpoint):
     rank 0 process uploads. Every other argument is ``ModelCheckpoint``'s.
 
     Saving uses ``save_sync``: Lightning's hooks are synchronous even inside an ``async def`` task.
+
+    After a preemption notice, at the next training batch end, every rank writes ``last.ckpt`` of
+    the current step (the file ``save_last=True`` keeps: keep that on, so later saves replace it),
+    rank 0 saves the directory while the others wait for it (bounded by the save deadline; a save
+    that cannot commit in time is logged and the previous checkpoint kept), ``trainer.should_stop``
+    is set, and then:
+
+    * ``on_preemption="raise"`` (the default): the hook raises
+      :class:`~flyte_checkpoint.errors.Preempted`; Lightning calls ``on_exception`` and tears
+      down as for any interruption, and ``trainer.fit`` raises it, so a task that only calls
+      ``fit`` exits as preempted. Raised at once rather than after ``fit``: with ``should_stop``
+      set Lightning still runs a whole validation loop, and ignores it until ``min_epochs`` and
+      ``min_steps`` are met; a grace period has time for neither.
+    * ``on_preemption="stop"``: ``fit`` returns (after that validation, if any); the task then
+      ends with ``if checkpoint.preempted: raise checkpoint.preemption()``.
+
+    Every rank takes the decision together (:mod:`flyte_checkpoint.preemption.ranks`): a vote at
+    each batch end through ``trainer.strategy.reduce`` (one small all-reduce under DDP, nothing on
+    one device), so a notice on one rank stops all of them at the same step and no rank waits in
+    a collective the others left. During training the preemption handler is kept on its signals:
+    the SIGTERM handler ``fit`` installs logs and, under DDP, broadcasts inside the signal handler
+    (which deadlocks the ranks that did not get the signal); ``fit`` puts ours back when it ends.
+    The notice is read from the start of training on, so the handler's watcher leaves stopping
+    to this callback instead of ending the main thread under Lightning.
     """
 
-    def __init__(self, checkpoint: BaseCheckpoint, *, dirpath: str | os.PathLike[str], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        checkpoint: BaseCheckpoint,
+        *,
+        dirpath: str | os.PathLike[str],
+        on_preemption: OnPreemption = "raise",
+        **kwargs: Any,
+    ) -> None:
         local = _local_directory(dirpath)
         super().__init__(dirpath=str(local), **kwargs)
         self.checkpoint = checkpoint
         self.mirrored_directory = local
+        self.on_preemption = check_on_preemption(on_preemption)
+        self.preempted_at: int | None = None
+        """The global step training stopped at for a preemption notice, or ``None``."""
 
     @contextmanager
     def _mirroring(self, trainer: pl.Trainer) -> Iterator[None]:
@@ -107,11 +156,39 @@ class MirroredModelCheckpoint(ModelCheckpoint):
             self.checkpoint.save_sync(self.mirrored_directory)
 
     @override
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_sanity_check_start(trainer, pl_module)
+        handler.reclaim_signals()  # fit installed its SIGTERM handler just before
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.preempted_at = None
+        handler.reclaim_signals()
+        notice.take_over()
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         with self._mirroring(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self.preempted_at is None and _ranks_reached_preemption(trainer):
+            self._stop_for_preemption(trainer)
+
+    def _stop_for_preemption(self, trainer: pl.Trainer) -> None:
+        step = self.preempted_at = trainer.global_step
+        filepath = self.format_checkpoint_name(self._monitor_candidates(trainer), self.CHECKPOINT_NAME_LAST)
+        if trainer.is_global_zero and os.path.islink(filepath):
+            os.remove(filepath)  # save_last="link": write a file, never through the link into a top-k one
+        with preemption_save(step), self._mirroring(trainer):
+            self.last_model_path = filepath
+            self._save_checkpoint(trainer, filepath)
+        # Rank 0 uploads; the others wait for it, so none exits first (torchrun would then stop rank 0).
+        trainer.strategy.barrier("flyte_checkpoint: preemption save")
+        trainer.should_stop = True
+        if self.on_preemption == "raise":
+            raise preempted_exit(self.checkpoint, saver=trainer.is_global_zero, step=step)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -134,6 +211,17 @@ class MirroredModelCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         with self._mirroring(trainer):
             super().on_train_end(trainer, pl_module)
+
+
+def _ranks_reached_preemption(trainer: pl.Trainer) -> bool:
+    """The ranks' vote at this batch end, through the strategy's all-reduce (it knows the group
+    and the device); on one device, this process's notice alone."""
+    step = trainer.global_step
+    vote = ranks.ballot(step)
+    if trainer.world_size > 1:
+        tensor = torch.tensor(vote, dtype=torch.float64, device=trainer.strategy.root_device)
+        vote = trainer.strategy.reduce(tensor, reduce_op="min").tolist()
+    return ranks.count(vote, step)
 
 
 def restore_last_checkpoint(

@@ -15,12 +15,19 @@ The callback saves with :meth:`~flyte_checkpoint.Checkpoint.save_sync` on purpos
 calls its callbacks synchronously from the training loop, even when the task around it is
 ``async def``, so there is no event loop to await on; and the upload has to be complete before
 training moves on, or a crash right after "checkpoint saved" could leave the previous object.
+
+Preemption: at the end of the first optimizer step after a notice (SIGTERM, once the runners or
+:func:`~flyte_checkpoint.preemption.install_preemption_handler` installed the handler), the
+callback has ``Trainer`` write ``checkpoint-<step>`` of that step, saves the output directory,
+stops training, and ends ``trainer.train()`` with :class:`~flyte_checkpoint.errors.Preempted`,
+which the runners count as a preemption; the retry resumes from that step.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +36,14 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
+from flyte_checkpoint.integrations._preemption import (
+    OnPreemption,
+    check_on_preemption,
+    preempted_exit,
+    preemption_save,
+)
 from flyte_checkpoint.integrations._restore import replace_contents, restore_directory
+from flyte_checkpoint.preemption import notice, ranks
 
 __all__ = ["MirrorOutputDirCallback", "restore_last_checkpoint"]
 
@@ -44,13 +58,61 @@ class MirrorOutputDirCallback(TrainerCallback):
     out, so the saved object (one ``.tar.gz`` of the directory) always holds whole checkpoints.
     Only the main process (``state.is_world_process_zero``) uploads. ``output_dir`` defaults to
     ``TrainingArguments.output_dir``.
+
+    After a preemption notice, at the next step end, the callback asks ``Trainer`` for a
+    checkpoint of that step (``control.should_save``, whatever the save strategy; no evaluation)
+    and to stop (``control.should_training_stop``); the directory is saved as usual once the
+    checkpoint is written (bounded by the save deadline; a save that cannot commit in time is
+    logged and the previous checkpoint kept), and the other ranks wait for that upload at the end
+    of training. Then:
+
+    * ``on_preemption="raise"`` (the default): ``on_train_end`` raises
+      :class:`~flyte_checkpoint.errors.Preempted`, so ``trainer.train()`` raises it and a task
+      that only calls ``train()`` exits as preempted. Raised there, once the loop has stopped
+      cleanly, not in the step hook: ``Trainer`` has no handler for an exception mid-loop.
+    * ``on_preemption="stop"``: ``train()`` returns; the task then ends with
+      ``if checkpoint.preempted: raise checkpoint.preemption()``.
+
+    Under ``torch.distributed`` (DDP, FSDP, DeepSpeed) every rank votes at each step end
+    (:func:`flyte_checkpoint.preemption.ranks.reached_preemption`, one small all-reduce), so a
+    notice on one rank stops all of them at the same step. The notice is read from the start of
+    training on, so the preemption handler's watcher leaves stopping to this callback.
     """
 
     def __init__(
-        self, checkpoint: BaseCheckpoint, *, output_dir: str | os.PathLike[str] | None = None
+        self,
+        checkpoint: BaseCheckpoint,
+        *,
+        output_dir: str | os.PathLike[str] | None = None,
+        on_preemption: OnPreemption = "raise",
     ) -> None:
         self.checkpoint = checkpoint
         self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.on_preemption = check_on_preemption(on_preemption)
+        self.preempted_at: int | None = None
+        """The global step training stopped at for a preemption notice, or ``None``."""
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.preempted_at = None
+        notice.take_over()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.preempted_at is None and ranks.reached_preemption(state.global_step):
+            self.preempted_at = state.global_step
+            control.should_save = True
+            control.should_evaluate = False
+            control.should_training_stop = True
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.preempted_at is not None:  # the step's checkpoint is saved: no epoch-end save or evaluation
+            control.should_save = False
+            control.should_evaluate = False
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -62,7 +124,18 @@ class MirrorOutputDirCallback(TrainerCallback):
             raise InvalidCheckpointInputError(
                 "TrainingArguments.output_dir is not set; pass output_dir= to MirrorOutputDirCallback"
             )
-        self.checkpoint.save_sync(Path(directory))
+        step = self.preempted_at
+        with preemption_save(step) if step is not None else nullcontext():
+            self.checkpoint.save_sync(Path(directory))
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.preempted_at is None:
+            return
+        ranks.wait_for_every_rank()  # for the main process's upload, so no rank exits first
+        if self.on_preemption == "raise":
+            raise preempted_exit(self.checkpoint, saver=state.is_world_process_zero, step=self.preempted_at)
 
 
 def restore_last_checkpoint(

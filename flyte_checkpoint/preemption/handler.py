@@ -170,6 +170,23 @@ def install_preemption_handler(
     return PreemptionHandler(installed=True)
 
 
+def reclaim_signals() -> tuple[int, ...]:
+    """Put the installed handler back on those of its signals other code replaced; which those were.
+
+    For a framework that installs its own handler for the length of a run: Lightning's ``Trainer``
+    does for SIGTERM during ``fit`` (one that logs, and under DDP broadcasts, inside the handler,
+    and chains to ours). Whoever replaced it restores ours when it restores its predecessor.
+    Nothing happens outside the main thread or while no handler is installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return ()
+    with _state.lock:
+        replaced = tuple(signum for signum in _state.previous if signal.getsignal(signum) is not _on_signal)
+        for signum in replaced:
+            signal.signal(signum, _on_signal)
+    return replaced
+
+
 def _signal_number(value: int | signal.Signals) -> int:
     try:
         return int(signal.Signals(value))

@@ -232,3 +232,44 @@ def save_series(rank: int, world_size: int, args: dict[str, Any]) -> list[int]:
         )
         saved.append(seed)
     return saved
+
+
+def train_until_preempted(rank: int, world_size: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Train with a gradient all-reduce per step, vote on a preemption every step, and when the vote
+    says so save that step and stop; one rank sends itself SIGTERM (``sigterm``: [rank, step], or
+    ``sigterm_after``: [rank, seconds] from a timer thread, at a random instant of the loop)."""
+    import threading
+
+    from flyte_checkpoint.preemption import current_notice, install_preemption_handler
+
+    manager = DistributedCheckpointManager(args["root"])
+    victim, at_step = args.get("sigterm", [None, None])
+    timer = None
+    if "sigterm_after" in args and rank == args["sigterm_after"][0]:
+        timer = threading.Timer(float(args["sigterm_after"][1]), os.kill, (os.getpid(), signal.SIGTERM))
+    with install_preemption_handler(grace_seconds=float(args.get("grace", 30))):
+        model = sharded_model(0, world_size)
+        for step in range(1, int(args.get("steps", 2000)) + 1):
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.fill_(float(step))  # "training": every value is the step
+            dist.all_reduce(torch.ones(4))  # the gradient all-reduce every rank waits in
+            if rank == victim and step == at_step:
+                os.kill(os.getpid(), signal.SIGTERM)
+            voted = step + int(args.get("skew", {}).get(str(rank), 0))
+            reached = manager.reached_preemption(voted)
+            if timer is not None and step == 1:
+                timer.start()  # after the first vote: from then on the loop handles the notice
+            if reached:
+                manager.save(step, app_state(model, step))
+                current = current_notice()
+                assert current is not None
+                preempted = manager.preemption()
+                return {
+                    "saved": step,
+                    "source": current.source,
+                    "steps": manager.steps(),
+                    "committed": preempted.saved,
+                    "code": preempted.code,
+                }
+    return {"saved": None}

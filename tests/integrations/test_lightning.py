@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import pytest
 import torch
 
 from flyte_checkpoint import Checkpoint, InvalidCheckpointInputError, ctx, run_with_retries
+from flyte_checkpoint.errors import ConfigurationError, Preempted
 from flyte_checkpoint.integrations.lightning import MirroredModelCheckpoint, restore_last_checkpoint
+from flyte_checkpoint.preemption import notice
 from tests.integrations.examples import load_example
+from tests.integrations.preempted_training import preempt, steps_of
 
 example = load_example("lightning_resume")
 STEPS_PER_EPOCH = 4  # 32 samples in batches of 8
@@ -157,3 +162,108 @@ def test_the_example_script_resumes_after_its_planned_crash(
     assert "attempt 0: starting fresh" in out
     assert "attempt 1: resuming from last.ckpt" in out
     assert out.strip().endswith(f"result: global step {3 * STEPS_PER_EPOCH}")
+
+
+# --------------------------------------------------------------------------- preemption
+
+
+def resumed_step(tmp_path: Path) -> int:
+    """The global step a retry of the run in ``tmp_path`` resumes at (from the saved ``last.ckpt``)."""
+    with Checkpoint(str(tmp_path / "next"), str(tmp_path / "object")) as checkpoint:
+        last = restore_last_checkpoint(checkpoint, dirpath=tmp_path / "restored")
+        assert last is not None
+        step: int = torch.load(last, weights_only=False)["global_step"]
+        return step
+
+
+def test_a_sigterm_mid_fit_saves_the_next_step_stops_and_exits_as_preempted(tmp_path: Path) -> None:
+    status, lines = preempt("lightning", tmp_path, wait_at_step=5)
+    assert status == 143, "\n".join(lines)
+    assert steps_of(lines, 0)[-1] == 6, "training went on after the step that saved"
+    assert "rank 0 preempted" in lines
+    assert resumed_step(tmp_path) == 6
+
+
+def test_under_ddp_a_sigterm_on_one_rank_stops_both_at_the_same_step_and_neither_hangs(
+    tmp_path: Path,
+) -> None:
+    status, lines = preempt("lightning", tmp_path, wait_at_step=5, devices=2)
+    assert status == 143, "\n".join(lines)
+    assert {"rank 0 preempted", "rank 1 preempted"} <= set(lines), "\n".join(lines)
+    assert steps_of(lines, 0)[-1] == steps_of(lines, 1)[-1] == 6, "\n".join(lines)
+    last_upload = len(lines) - 1 - lines[::-1].index("rank 0 uploaded")
+    assert last_upload < lines.index("rank 1 preempted"), "rank 1 exited before rank 0's upload committed"
+    assert resumed_step(tmp_path) == 6
+
+
+class NoticeAt(pl.Callback):
+    """Records a preemption notice when the batch of ``step`` starts (as the SIGTERM handler does)."""
+
+    def __init__(self, step: int, grace_seconds: float = 30.0) -> None:
+        self.step = step
+        self.grace_seconds = grace_seconds
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            notice.notify("SIGTERM", self.grace_seconds, signal.SIGTERM)
+
+
+@pytest.fixture
+def clean_notice() -> Iterator[None]:
+    notice.clear()
+    yield
+    notice.clear()
+
+
+def fit_with_notice(
+    tmp_path: Path,
+    checkpoint: Checkpoint,
+    *,
+    on_preemption: Literal["raise", "stop"] = "raise",
+    grace_seconds: float = 30.0,
+) -> pl.Trainer:
+    trainer = pl.Trainer(
+        max_epochs=5,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            MirroredModelCheckpoint(
+                checkpoint, dirpath=tmp_path / "ckpts", save_last=True, on_preemption=on_preemption
+            ),
+            NoticeAt(2, grace_seconds),
+        ],
+    )
+    trainer.fit(example.TinyRegressor(), train_dataloaders=example.training_data())
+    return trainer
+
+
+def test_with_on_preemption_stop_fit_returns_at_the_step_after_the_notice(
+    tmp_path: Path, clean_notice: None
+) -> None:
+    with Checkpoint(str(tmp_path / "object")) as checkpoint:
+        trainer = fit_with_notice(tmp_path, checkpoint, on_preemption="stop")
+        assert trainer.global_step == 3
+        assert checkpoint.preempted
+        assert checkpoint.preemption().saved is True
+    assert torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=False)["global_step"] == 3
+
+
+def test_a_save_that_cannot_commit_in_time_still_stops_fit_as_preempted_with_nothing_saved(
+    tmp_path: Path, clean_notice: None
+) -> None:
+    with Checkpoint(str(tmp_path / "object")) as checkpoint:
+        with pytest.raises(Preempted) as raised:
+            fit_with_notice(tmp_path, checkpoint, grace_seconds=0.001)  # the deadline has passed
+        assert raised.value.saved is False
+        assert "no save" in str(raised.value)
+
+
+def test_on_preemption_must_be_raise_or_stop(tmp_path: Path) -> None:
+    with (
+        Checkpoint(str(tmp_path / "object")) as checkpoint,
+        pytest.raises(ConfigurationError, match='"raise"'),
+    ):
+        MirroredModelCheckpoint(checkpoint, dirpath=tmp_path / "ckpts", on_preemption="exit")  # type: ignore[arg-type]

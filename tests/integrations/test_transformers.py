@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,9 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from flyte_checkpoint import Checkpoint, InvalidCheckpointInputError, ctx, run_with_retries
 from flyte_checkpoint.integrations.transformers import MirrorOutputDirCallback, restore_last_checkpoint
+from flyte_checkpoint.preemption import notice
 from tests.integrations.examples import load_example
+from tests.integrations.preempted_training import preempt, steps_of
 
 example = load_example("transformers_resume")
 
@@ -46,6 +50,18 @@ class Recorder(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.saved_weights[(self.attempt(), state.global_step)] = weights_of(kwargs["model"])
+
+
+class ListingSaves(Checkpoint):
+    """A checkpoint that records what each directory it saves holds."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.listings: list[list[str]] = []
+
+    def save_sync(self, data: Any, **kwargs: Any) -> None:
+        self.listings.append(sorted(path.name for path in Path(data).iterdir()))
+        super().save_sync(data, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -86,21 +102,15 @@ def test_the_resumed_trainer_trains_to_the_end(crashed_and_resumed: tuple[Record
 
 
 def test_the_callback_saves_the_output_directory_after_each_checkpoint(tmp_path: Path) -> None:
-    saved: list[list[str]] = []
-
-    class Spy(Checkpoint):
-        def save_sync(self, data: Any, **kwargs: Any) -> None:
-            saved.append(sorted(path.name for path in Path(data).iterdir()))
-            super().save_sync(data, **kwargs)
-
-    with Spy(str(tmp_path / "object")) as checkpoint:
+    checkpoint = ListingSaves(str(tmp_path / "object"))
+    with checkpoint:
         Trainer(
             model=example.tiny_model(),
             args=example.training_arguments(str(tmp_path / "output"), max_steps=4, save_steps=2),
             train_dataset=example.training_data(),
             callbacks=[MirrorOutputDirCallback(checkpoint)],
         ).train()
-    assert saved == [["checkpoint-2"], ["checkpoint-2", "checkpoint-4"]]
+    assert checkpoint.listings == [["checkpoint-2"], ["checkpoint-2", "checkpoint-4"]]
 
 
 def test_restore_last_checkpoint_is_none_on_a_first_attempt(tmp_path: Path) -> None:
@@ -141,3 +151,54 @@ def test_the_example_script_resumes_after_its_planned_crash(
     assert "attempt 0: starting fresh" in out
     assert "attempt 1: resuming from checkpoint-2" in out
     assert out.strip().endswith("result: global step 6")
+
+
+# --------------------------------------------------------------------------- preemption
+
+
+def test_a_sigterm_mid_training_saves_the_next_step_stops_and_exits_as_preempted(tmp_path: Path) -> None:
+    status, lines = preempt("transformers", tmp_path, wait_at_step=5)
+    assert status == 143, "\n".join(lines)
+    assert steps_of(lines, 0)[-1] == 6, "training went on after the step that saved"
+    assert "rank 0 preempted" in lines
+    with Checkpoint(str(tmp_path / "next"), str(tmp_path / "object")) as checkpoint:
+        last = restore_last_checkpoint(checkpoint, output_dir=tmp_path / "restored")
+    assert last is not None
+    assert Path(last).name == "checkpoint-6"
+
+
+class NoticeAt(TrainerCallback):
+    """Records a preemption notice when step ``step`` begins (as the SIGTERM handler does)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if state.global_step == self.step:
+            notice.notify("SIGTERM", 30.0, signal.SIGTERM)
+
+
+@pytest.fixture
+def clean_notice() -> Iterator[None]:
+    notice.clear()
+    yield
+    notice.clear()
+
+
+def test_with_on_preemption_stop_train_returns_at_the_step_after_the_notice_with_it_saved(
+    tmp_path: Path, clean_notice: None
+) -> None:
+    checkpoint = ListingSaves(str(tmp_path / "object"))
+    with checkpoint:
+        trainer = Trainer(
+            model=example.tiny_model(),
+            args=example.training_arguments(str(tmp_path / "output"), max_steps=40, save_steps=100),
+            train_dataset=example.training_data(),
+            callbacks=[MirrorOutputDirCallback(checkpoint, on_preemption="stop"), NoticeAt(2)],
+        )
+        trainer.train()
+        assert trainer.state.global_step == 3
+        assert checkpoint.preemption().saved is True
+    assert checkpoint.listings == [["checkpoint-3"]]
