@@ -22,7 +22,7 @@ from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.runners.runtime import acall_task, attempt_scope, attempt_scope_async, call_task
 from flyte_checkpoint.storage import copy_object
-from flyte_checkpoint.uris import clean_uri, is_local
+from flyte_checkpoint.uris import clean_uri, is_local, scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -82,6 +82,10 @@ class RetryPlan:
         base = clean_uri(os.fspath(checkpoint_dir)) if checkpoint_dir is not None else None
         if base is None:
             self._own_dir = base = tempfile.mkdtemp(prefix="flyte-cp-run-")
+        elif not scheme_of(base):
+            # Absolute as of now: every attempt (and every rank it starts) names the same place,
+            # whatever its working directory.
+            base = str(Path(base).expanduser().absolute())
         self.paths = CheckpointPaths(
             checkpoint_path=join_location(base, "checkpoint"),
             prev_checkpoint_path=join_location(base, "prev_checkpoint"),

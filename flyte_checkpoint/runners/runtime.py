@@ -52,11 +52,20 @@ def resolve_task(reference: str | TaskFunction) -> TaskFunction:
     return target  # type: ignore[no-any-return]
 
 
-def _close_helper(context: TaskContext) -> None:
-    """Close the checkpoint helper the attempt built, if it asked for one (never builds one)."""
+def _close_helper(context: TaskContext, leaving: BaseException | None = None) -> None:
+    """Close the checkpoint helper the attempt built, if it asked for one (never builds one).
+
+    When the attempt is ``leaving`` by an exception (its own error, a preemption), a failure
+    to close (a background save that failed, or did not commit by the save deadline) is attached
+    to it, never raised instead of it.
+    """
     helper = context.data.get(CHECKPOINT_CACHE_KEY)
-    if isinstance(helper, Checkpoint):
+    if not isinstance(helper, Checkpoint):
+        return
+    if leaving is None:
         helper.close()
+    else:
+        helper.__exit__(type(leaving), leaving, leaving.__traceback__)
 
 
 @contextlib.contextmanager
@@ -85,8 +94,10 @@ def attempt_scope(context: TaskContext) -> Iterator[TaskContext]:
         try:
             with task_context(context):
                 yield context
-        finally:
-            _close_helper(context)
+        except BaseException as leaving:
+            _close_helper(context, leaving)
+            raise
+        _close_helper(context)
 
 
 @contextlib.asynccontextmanager
@@ -100,8 +111,10 @@ async def attempt_scope_async(context: TaskContext) -> AsyncIterator[TaskContext
         try:
             with task_context(context):
                 yield context
-        finally:
-            await asyncio.to_thread(_close_helper, context)
+        except BaseException as leaving:
+            await asyncio.to_thread(_close_helper, context, leaving)
+            raise
+        await asyncio.to_thread(_close_helper, context)
 
 
 def call_task(fn: TaskFunction, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:

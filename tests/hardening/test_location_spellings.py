@@ -76,3 +76,40 @@ def test_a_checkpoint_saves_and_loads_however_its_locations_are_spelled(how: str
         assert restored is not None
         assert restored.read_bytes() == b"state"
     assert (tmp_path / "ckpt").read_bytes() == b"state"
+
+
+@pytest.mark.parametrize("how", SPELLINGS)
+def test_a_retried_run_resumes_and_finds_its_dcp_roots_however_its_directory_is_spelled(
+    how: str, tmp_path: Path
+) -> None:
+    from flyte_checkpoint import current_checkpoint, run_with_retries
+    from flyte_checkpoint.distributed import task_locations
+
+    seen: list[str] = []
+
+    def task() -> int:
+        helper = current_checkpoint()
+        restored = helper.load_sync()
+        seen.append(task_locations().save_root)
+        if restored is None:
+            helper.save_sync(b"1")
+            raise RuntimeError("fail once")
+        return int(restored.read_bytes())
+
+    assert run_with_retries(task, retries=1, checkpoint_dir=spelled(how, "run", tmp_path)) == 1
+    expected = str(tmp_path / "run" / "checkpoint.dcp")
+    assert {root.removeprefix("file://") for root in seen} == {expected}
+
+
+@pytest.mark.parametrize("how", SPELLINGS)
+def test_the_command_lists_committed_steps_however_the_root_is_spelled(
+    how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flyte_checkpoint.cli import main
+
+    manager = CheckpointManager(spelled(how, "steps", tmp_path))
+    manager.save(5, controller=None, parts=[Counter(5)])
+    assert main(["ls", spelled(how, "steps", tmp_path)]) == 0
+    listing = capsys.readouterr().out
+    assert "5" in listing
+    assert "uncommitted" not in listing
