@@ -148,11 +148,22 @@ class StorageServer:
         return _tail(self.log_path, lines)
 
     def filesystem(self, **overrides: Any) -> Any:
-        """A new (uncached) fsspec filesystem for this server; ``overrides`` win."""
-        import fsspec
+        """A new (uncached) fsspec filesystem for this server; ``overrides`` win.
 
+        Built from the implementation this package uses, not fsspec's registry: the Flyte SDK
+        registers obstore for ``s3://`` when ``flyte.storage`` is imported (some tests do).
+        """
+        import importlib
+
+        implementation = {
+            "s3": "s3fs:S3FileSystem",
+            "gs": "gcsfs:GCSFileSystem",
+            "abfs": "adlfs:AzureBlobFileSystem",
+        }
+        module_name, _, class_name = implementation[self.protocol].partition(":")
+        cls = getattr(importlib.import_module(module_name), class_name)
         options = {**self.storage_options, **overrides}
-        return fsspec.filesystem(self.protocol, skip_instance_cache=True, **options)
+        return cls(skip_instance_cache=True, **options)
 
     def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
         """SIGTERM the server's process group, SIGKILL it after ``timeout`` s, close logs."""
