@@ -20,6 +20,7 @@ OTHER_LIBRARIES = {
     "FsspecWriter": "torch.distributed.checkpoint._fsspec_filesystem",
     "StorageReader": "torch.distributed.checkpoint",
     "StorageWriter": "torch.distributed.checkpoint",
+    "RuntimeSystemError": "flyte.errors",
 }
 
 
