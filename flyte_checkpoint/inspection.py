@@ -119,10 +119,27 @@ def _checks(info: ObjectInfo, kind: str, compressed: bool) -> dict[str, list[str
     not_checked = []
     if info.recorded_digest is None:
         not_checked.append(
-            "content digest and size: none is recorded with the object (it was written, or "
-            "rewritten in place, by another tool), so damage its format cannot detect goes unnoticed"
+            f"content digest and size: none is recorded with the object ({_why_unrecorded(info)})"
         )
     return {"checked": checked, "not_checked": not_checked}
+
+
+def _why_unrecorded(info: ObjectInfo) -> str:
+    """Why an object has no digest and size on record, as far as its metadata tells, truthfully."""
+    if info.recorded_format == "archive":
+        # This package wrote it (the format is on record), as a multipart upload of unknown
+        # length: S3 takes metadata when an upload starts, before the digest exists.
+        return (
+            "this package wrote it as a directory archive streamed to a store that takes metadata "
+            "only when an upload starts, so its digest could not go with it; the gzip CRC and "
+            "length were checked instead, which catch damage inside the archive"
+        )
+    if info.recorded_format is not None:
+        return "its format is recorded but not its digest: it was written by an older version, or rewritten"
+    return (
+        "nothing of this package is recorded with it: another tool wrote it, or rewrote it in place; "
+        "damage its format cannot detect goes unnoticed"
+    )
 
 
 def restore_to(

@@ -254,12 +254,13 @@ def classify(reader: VerifyingReader) -> tuple[ObjectKind, bool, IO[bytes]]:
 
 def _unpack(reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Path:
     kind, compressed, stream = classify(reader)
+    restoring = f"restoring {reader.info.uri} into"
     try:
         if kind == "archive":
-            with translated_os_errors(str(dest), "restoring"):
+            with translated_os_errors(str(dest), restoring):
                 archive.unpack_archive(stream, dest, compressed=compressed, limits=limits)
             return dest
-        return _write_payload(stream, dest / PAYLOAD_BASENAME)
+        return _write_payload(stream, dest / PAYLOAD_BASENAME, restoring)
     except CheckpointCorruptError as exc:
         add_context(
             exc,
@@ -269,10 +270,10 @@ def _unpack(reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Pa
         raise
 
 
-def _write_payload(stream: IO[bytes], target: Path) -> Path:
+def _write_payload(stream: IO[bytes], target: Path, restoring: str) -> Path:
     """Copy the whole stream to ``target`` via a temp name, so a failed read leaves no payload."""
     partial = target.with_name(f".{target.name}.partial")
-    with translated_os_errors(str(partial), "restoring"), open(partial, "wb") as out:
+    with translated_os_errors(str(target), restoring), open(partial, "wb") as out:
         while chunk := stream.read(COPY_CHUNK):
             out.write(chunk)
     os.replace(partial, target)

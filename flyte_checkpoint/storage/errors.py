@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import tempfile
 from types import TracebackType
 
 from flyte_checkpoint.errors import (
@@ -45,6 +46,13 @@ def os_error_to_checkpoint_error(exc: OSError, uri: str, action: str) -> Checkpo
             )
         return CheckpointPermissionError(f"permission denied {action} {uri}: {exc.strerror or exc}; {advice}")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        if action.startswith("restoring"):
+            temp = tempfile.gettempdir()
+            return CheckpointStorageError(
+                f"out of space {action} {uri}: {exc.strerror or exc}; nothing was restored and the "
+                f"stored checkpoint is unchanged. The restore workspace is in TMPDIR ({temp}): free "
+                "space there, or set TMPDIR to a directory on a larger disk, then load again"
+            )
         return CheckpointStorageError(
             f"out of space {action} {uri}: {exc.strerror or exc}; the previous checkpoint is "
             "untouched; free space or raise the quota, then save again"

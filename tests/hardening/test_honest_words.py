@@ -1,0 +1,69 @@
+"""What the package says about its own objects is true: verify of our own streamed S3 directory
+archive does not call it another tool's, and a restore out of space names what was loaded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flyte_checkpoint import Checkpoint
+from flyte_checkpoint.inspection import inspect_object
+from tests.storage_servers import StorageServer, create_bucket
+
+MiB = 1 << 20
+
+
+def test_verify_of_our_own_multipart_directory_archive_says_what_was_and_was_not_recorded(
+    tmp_path: Path, s3_server: StorageServer
+) -> None:
+    source = tmp_path / "model"
+    source.mkdir()
+    for index in range(3):
+        (source / f"shard-{index}.bin").write_bytes(os.urandom(4 * MiB))
+    options = {**s3_server.storage_options, "part_size": 5 * MiB}
+    uri = f"s3://{create_bucket(s3_server)}/ckpt"
+    Checkpoint(uri, storage_options=options).save_sync(source)
+    report = inspect_object(uri, storage_options=options, verify=True)
+    assert report.verified
+    assert report.recorded_format == "archive"
+    assert report.not_checked is not None
+    (unchecked,) = report.not_checked
+    assert "this package wrote it as a directory archive" in unchecked
+    assert "another tool" not in unchecked
+
+
+def test_verify_of_an_object_another_tool_wrote_says_so(tmp_path: Path, s3_server: StorageServer) -> None:
+    bucket = create_bucket(s3_server)
+    s3_server.filesystem().pipe(f"{bucket}/ckpt", b"written by another tool")
+    report = inspect_object(f"s3://{bucket}/ckpt", storage_options=s3_server.storage_options, verify=True)
+    assert report.not_checked is not None
+    (unchecked,) = report.not_checked
+    assert "another tool wrote it" in unchecked
+
+
+def test_a_restore_out_of_space_names_the_checkpoint_and_tmpdir_not_save_again(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    source = tmp_path / "ckpt"
+    Checkpoint(source).save_sync(os.urandom(4 * MiB))
+    program = (
+        "import resource, signal, sys\n"
+        "from flyte_checkpoint import Checkpoint, CheckpointStorageError\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"  # a full disk past 1 MiB
+        "try:\n"
+        "    Checkpoint(sys.argv[1] + '.unused', sys.argv[1]).load_sync()\n"
+        "except CheckpointStorageError as exc:\n"
+        "    print(exc)\n"
+        "    sys.exit(3)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", program, str(source)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 3, result.stderr
+    assert f"restoring {source}" in result.stdout
+    assert f"TMPDIR ({tmp_path})" in result.stdout
+    assert "save again" not in result.stdout
+    assert "load again" in result.stdout
