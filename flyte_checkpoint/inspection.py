@@ -87,7 +87,9 @@ def inspect_object(
         members = None
         try:
             if kind == "archive":
-                members = archive.list_members(stream, compressed=compressed)
+                # The limits a load applies, so that verify and load never disagree.
+                limits = ExtractionLimits().for_recorded(info.recorded_content_size)
+                members = archive.list_members(stream, compressed=compressed, limits=limits)
             elif verify:
                 while stream.read(COPY_CHUNK):
                     pass

@@ -27,7 +27,7 @@ from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, InputChangedError, add_context
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, human_size
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
-from flyte_checkpoint.storage.base import COPY_CHUNK
+from flyte_checkpoint.storage.base import CONTENT_SIZE_KEY, COPY_CHUNK
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 
@@ -97,7 +97,11 @@ def _save_once(
         return _committed(writer, lambda: writer.write(content), check_unchanged)
     if content.is_dir():
         reporter = ProgressReporter(progress, None) if progress is not None else None
-        writer = backend.open_write(uri, {FORMAT_KEY: "archive"}, progress=reporter, gate=gate)
+        with translated_os_errors(str(shown_as), "reading"):
+            # Known before the first byte: S3 takes an upload's metadata when it starts.
+            unpacked = archive.content_size(content)
+        metadata = {FORMAT_KEY: "archive", CONTENT_SIZE_KEY: str(unpacked)}
+        writer = backend.open_write(uri, metadata, progress=reporter, gate=gate)
         directory = content
 
         def pack() -> None:
@@ -258,6 +262,7 @@ def _unpack(reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Pa
     try:
         if kind == "archive":
             with translated_os_errors(str(dest), restoring):
+                limits = limits.for_recorded(reader.info.recorded_content_size)
                 archive.unpack_archive(stream, dest, compressed=compressed, limits=limits)
             return dest
         return _write_payload(stream, dest / PAYLOAD_BASENAME, restoring)

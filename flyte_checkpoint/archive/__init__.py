@@ -28,7 +28,7 @@ from flyte_checkpoint.archive.compression import DEFAULT_COMPRESSION_LEVEL, HAVE
 from flyte_checkpoint.archive.extract import unpack_archive
 from flyte_checkpoint.archive.limits import ExtractionLimits
 from flyte_checkpoint.archive.listing import MemberInfo, MemberKind, list_members
-from flyte_checkpoint.archive.pack import check_tree, describe_mode, pack_directory
+from flyte_checkpoint.archive.pack import check_tree, content_size, describe_mode, pack_directory
 from flyte_checkpoint.archive.sniff import SNIFF_BYTES, ObjectKind, PrefixedReader, sniff_kind
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "ObjectKind",
     "PrefixedReader",
     "check_tree",
+    "content_size",
     "describe_mode",
     "list_members",
     "pack_directory",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import io
 import os
 import stat
 import tarfile
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from flyte_checkpoint.archive.compression import CHUNK, tar_stream
-from flyte_checkpoint.archive.limits import ExtractionLimits
+from flyte_checkpoint.archive.limits import CountingReader, ExtractionLimits, LimitCounter
 from flyte_checkpoint.archive.links import link_resolution_problem, link_target_problem
 from flyte_checkpoint.archive.tar_headers import FILE_TYPES, Entry, TarReader
 from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError, UnsafeArchiveError
@@ -35,30 +34,9 @@ def unpack_archive(
     limits = limits or ExtractionLimits()
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(os.path.realpath(dest))
-    counted = _CountingReader(source)
+    counted = CountingReader(source)
     with tar_stream(cast(IO[bytes], counted), compressed=compressed) as plain:
         _Extractor(root, limits, counted if compressed else None).run(plain)
-
-
-class _CountingReader(io.RawIOBase):
-    """Reads ``source``, counting the bytes: the compressed size behind the expansion bound."""
-
-    def __init__(self, source: IO[bytes]) -> None:
-        self._source = source
-        self.count = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
-        data = self._source.read(-1 if size is None else size)
-        self.count += len(data)
-        return data
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.read(len(memoryview(buffer).cast("B")))
-        memoryview(buffer).cast("B")[: len(data)] = data
-        return len(data)
 
 
 # OS errors caused by what a member is called rather than by the disk: the archive cannot be
@@ -83,13 +61,11 @@ def _path_max(root: Path) -> int:
 class _Extractor:
     """Writes the members of one tar stream below ``root``, refusing anything unsafe."""
 
-    def __init__(self, root: Path, limits: ExtractionLimits, compressed: _CountingReader | None) -> None:
+    def __init__(self, root: Path, limits: ExtractionLimits, compressed: CountingReader | None) -> None:
         self.root = root
         self.limits = limits
         self.compressed = compressed
-        self.written = 0
-        self.members = 0
-        self.content_bytes = 0
+        self.counter = LimitCounter(limits, (lambda: compressed.count) if compressed is not None else None)
         self.files: set[str] = set()
         # Applied last, deepest first: a read-only directory must not block writing its
         # children, and writing a child changes its directory's mtime.
@@ -149,35 +125,7 @@ class _Extractor:
             )
 
     def _count(self, entry: Entry) -> None:
-        self.members += 1
-        if self.members > self.limits.max_members:
-            raise ArchiveLimitError(
-                f"archive holds more than {self.limits.max_members} members (member "
-                f"{entry.name!r} is one too many); raise ExtractionLimits.max_members if this "
-                "checkpoint is genuine"
-            )
-        if entry.type in FILE_TYPES:
-            self.content_bytes += entry.size
-            if self.content_bytes > self.limits.max_total_bytes:
-                raise ArchiveLimitError(
-                    f"archive unpacks to more than {self.limits.max_total_bytes} bytes (member "
-                    f"{entry.name!r} declares {entry.size}); raise "
-                    "ExtractionLimits.max_total_bytes if this checkpoint is genuine"
-                )
-
-    def _check_expansion(self, entry: Entry) -> None:
-        ratio, floor = self.limits.max_expansion_ratio, self.limits.expansion_checked_after_bytes
-        if self.compressed is None or ratio is None or self.written <= floor:
-            return
-        read = self.compressed.count
-        if self.written > ratio * read:
-            raise ArchiveLimitError(
-                f"archive unpacked to {self.written} bytes (at member {entry.name!r}) from only "
-                f"{read} compressed bytes, more than ExtractionLimits.max_expansion_ratio={ratio:g} "
-                f"times (checked past {floor} bytes): this is how a decompression bomb looks; if "
-                "the checkpoint is genuine, pass Checkpoint(..., extraction_limits=ExtractionLimits("
-                "max_expansion_ratio=<higher, or None>))"
-            )
+        self.counter.member(entry.name, entry.size if entry.type in FILE_TYPES else 0)
 
     def _check_path_length(self, name: str, entry: Entry) -> None:
         """Refuse, naming the limit, a member whose path this system cannot create."""
@@ -257,8 +205,7 @@ class _Extractor:
                     out.seek(CHUNK, os.SEEK_CUR)  # a whole MiB of zeros: left as a hole, as tar -S
                 else:
                     out.write(chunk)
-                self.written += len(chunk)
-                self._check_expansion(entry)
+                self.counter.unpacked_bytes(len(chunk), entry.name)
             out.flush()
             if hole:
                 os.ftruncate(fd, entry.size)  # a file ending in a hole: seeking set no size

@@ -1,10 +1,59 @@
-"""Caps on what extracting one archive may cost."""
+"""Caps on what extracting one archive may cost, and the count that enforces them.
+
+The defaults can be changed for every load in the process, wherever it happens (a runner, the
+Flyte plugin, the command), with ``FLYTE_CHECKPOINT_MAX_MEMBERS``,
+``FLYTE_CHECKPOINT_MAX_TOTAL_BYTES`` and ``FLYTE_CHECKPOINT_MAX_EXPANSION_RATIO`` (a number, or
+``none`` for no bound). An archive this package wrote records its content size; its load is
+bounded by that size instead of the expansion ratio (see :meth:`ExtractionLimits.for_recorded`).
+"""
 
 from __future__ import annotations
 
+import io
+import os
+from collections.abc import Callable
+from typing import IO
+
 from pydantic import BaseModel, ConfigDict, Field
 
+from flyte_checkpoint.errors import ArchiveLimitError, ConfigurationError
+
 MIB = 1 << 20
+MAX_MEMBERS_ENV = "FLYTE_CHECKPOINT_MAX_MEMBERS"
+MAX_TOTAL_BYTES_ENV = "FLYTE_CHECKPOINT_MAX_TOTAL_BYTES"
+MAX_EXPANSION_RATIO_ENV = "FLYTE_CHECKPOINT_MAX_EXPANSION_RATIO"
+_RAISE_HINT = (
+    "if this checkpoint is genuine, raise it with Checkpoint(..., extraction_limits="
+    "ExtractionLimits(...)) or, for every load of the process, {env}"
+)
+
+
+def _from_env(name: str, default: float | None, *, whole: bool, none_allowed: bool = False) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if none_allowed and raw.lower() == "none":
+        return None
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        value = 0
+    if not value > (0 if whole else 1) or value == float("inf"):
+        accepted = "a whole number > 0" if whole else "a number > 1, or none"
+        raise ConfigurationError(f"{name}={raw!r} is not {accepted}; fix it or unset it for the default")
+    return value
+
+
+def _default_members() -> int:
+    return int(_from_env(MAX_MEMBERS_ENV, 1_000_000, whole=True) or 1_000_000)
+
+
+def _default_total() -> int:
+    return int(_from_env(MAX_TOTAL_BYTES_ENV, 1 << 40, whole=True) or 1 << 40)
+
+
+def _default_ratio() -> float | None:
+    return _from_env(MAX_EXPANSION_RATIO_ENV, 100.0, whole=False, none_allowed=True)
 
 
 class ExtractionLimits(BaseModel):
@@ -16,11 +65,11 @@ class ExtractionLimits(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    max_members: int = Field(default=1_000_000, gt=0)
-    """The most entries (files, directories, links) an archive may hold."""
-    max_total_bytes: int = Field(default=1 << 40, gt=0)
+    max_members: int = Field(default_factory=_default_members, gt=0)
+    """The most entries (files, directories, links) an archive may hold (default 1,000,000)."""
+    max_total_bytes: int = Field(default_factory=_default_total, gt=0)
     """The most bytes of file content an archive may unpack to (default 1 TiB)."""
-    max_expansion_ratio: float | None = Field(default=100.0, gt=1)
+    max_expansion_ratio: float | None = Field(default_factory=_default_ratio, gt=1)
     """The most bytes of file content a compressed archive may unpack to per byte read, once it
     has unpacked more than :attr:`expansion_checked_after_bytes` (``None``: no bound).
 
@@ -29,3 +78,85 @@ class ExtractionLimits(BaseModel):
     expansion_checked_after_bytes: int = Field(default=256 * MIB, ge=0)
     """Below this much unpacked content the ratio is not checked, so small archives of zeros
     (an untouched optimizer state, an empty buffer) always load."""
+
+    def for_recorded(self, content_size: int | None) -> ExtractionLimits:
+        """These limits for an archive whose writer recorded ``content_size`` bytes of content.
+
+        This package records it with every directory archive it saves: such an archive may
+        expand as far as it says (zeros compress more than 1000x, a preallocated buffer saved
+        fine and never loaded), but no further, and never past :attr:`max_total_bytes`. Without
+        a record (an archive of another tool, or a hostile one) the expansion ratio applies.
+        """
+        if content_size is None:
+            return self
+        return self.model_copy(
+            update={
+                "max_expansion_ratio": None,
+                "max_total_bytes": max(1, min(self.max_total_bytes, content_size)),
+            }
+        )
+
+
+class LimitCounter:
+    """Counts one archive's members, content and compressed bytes against its limits.
+
+    Shared by extracting and by listing (``verify``), so the two refuse the same archives.
+    """
+
+    def __init__(self, limits: ExtractionLimits, compressed_read: Callable[[], int] | None) -> None:
+        self.limits = limits
+        self._compressed_read = compressed_read
+        self.members = 0
+        self.declared = 0
+        self.unpacked = 0
+
+    def member(self, name: str, content_size: int) -> None:
+        """Count a member declaring ``content_size`` bytes of content (0 for a non-file)."""
+        self.members += 1
+        if self.members > self.limits.max_members:
+            raise ArchiveLimitError(
+                f"archive holds more than {self.limits.max_members} members (member {name!r} is "
+                f"one too many); " + _RAISE_HINT.format(env=MAX_MEMBERS_ENV)
+            )
+        self.declared += content_size
+        if self.declared > self.limits.max_total_bytes:
+            raise ArchiveLimitError(
+                f"archive unpacks to more than {self.limits.max_total_bytes} bytes (member {name!r} "
+                f"declares {content_size}); " + _RAISE_HINT.format(env=MAX_TOTAL_BYTES_ENV)
+            )
+
+    def unpacked_bytes(self, count: int, name: str) -> None:
+        """Count ``count`` bytes of content read from the archive, at member ``name``."""
+        self.unpacked += count
+        ratio, floor = self.limits.max_expansion_ratio, self.limits.expansion_checked_after_bytes
+        if self._compressed_read is None or ratio is None or self.unpacked <= floor:
+            return
+        read = self._compressed_read()
+        if self.unpacked > ratio * read:
+            raise ArchiveLimitError(
+                f"archive unpacked to {self.unpacked} bytes (at member {name!r}) from only {read} "
+                f"compressed bytes, more than ExtractionLimits.max_expansion_ratio={ratio:g} times "
+                f"(checked past {floor} bytes), and it records no content size of its own: this is "
+                "how a decompression bomb looks; " + _RAISE_HINT.format(env=MAX_EXPANSION_RATIO_ENV)
+            )
+
+
+class CountingReader(io.RawIOBase):
+    """Reads ``source``, counting the bytes: the compressed size behind the expansion bound."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._source.read(-1 if size is None else size)
+        self.count += len(data)
+        return data
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)

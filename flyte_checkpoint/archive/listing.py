@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import tarfile
-from typing import IO, Literal
+from typing import IO, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint.archive.compression import tar_stream
+from flyte_checkpoint.archive.limits import CountingReader, ExtractionLimits, LimitCounter
 from flyte_checkpoint.archive.tar_headers import TarReader
 
 MemberKind = Literal["file", "directory", "symlink", "hardlink", "other"]
@@ -36,16 +37,25 @@ _KINDS: dict[bytes, MemberKind] = {
 }
 
 
-def list_members(source: IO[bytes], *, compressed: bool = True) -> list[MemberInfo]:
+def list_members(
+    source: IO[bytes], *, compressed: bool = True, limits: ExtractionLimits | None = None
+) -> list[MemberInfo]:
     """The members of the tar stream ``source``, read to its end (so its checks run) unextracted.
 
-    Raises :class:`CheckpointCorruptError` for a damaged stream, like :func:`unpack_archive`.
+    Raises :class:`CheckpointCorruptError` for a damaged stream, like :func:`unpack_archive`,
+    and :class:`ArchiveLimitError` past ``limits``, counted as an extraction counts them, so a
+    listing (``verify``) refuses what a load would.
     """
     members: list[MemberInfo] = []
-    with tar_stream(source, compressed=compressed) as plain:
+    counted = CountingReader(source)
+    counter = LimitCounter(limits or ExtractionLimits(), (lambda: counted.count) if compressed else None)
+    with tar_stream(cast(IO[bytes], counted), compressed=compressed) as plain:
         reader = TarReader(plain)
         while (entry := reader.next()) is not None:
             kind: MemberKind = _KINDS.get(entry.type, "other")
+            content = entry.size if kind == "file" else 0
+            counter.member(entry.name, content)
+            counter.unpacked_bytes(content, entry.name)
             members.append(
                 MemberInfo(
                     name=entry.name,

@@ -39,6 +39,17 @@ def pack_directory(source: Path, sink: IO[bytes], *, level: int = DEFAULT_COMPRE
         tar.close()
 
 
+def content_size(source: Path) -> int:
+    """Bytes of file content a save of ``source`` packs (what its archive records), from one
+    walk of ``stat`` calls; refuses what :func:`check_tree` refuses."""
+    root = os.path.realpath(source)
+    return sum(
+        status.st_size
+        for kind, _, _, status, _ in _walk(root, (str(Path(source).absolute()), root))
+        if kind == "file"
+    )
+
+
 def check_tree(source: Path) -> None:
     """Refuse a directory that cannot be saved, without saving it.
 

@@ -25,6 +25,8 @@ from flyte_checkpoint.storage.digests import ContentDigest, digest_of
 FORMAT_KEY = "flyte_checkpoint_format"
 DIGEST_KEY = "flyte_checkpoint_digest"
 SIZE_KEY = "flyte_checkpoint_size"
+CONTENT_SIZE_KEY = "flyte_checkpoint_content_size"
+"""Bytes of file content a directory archive unpacks to, as counted when it was saved."""
 COPY_CHUNK = 1 << 20
 """Bytes per read when streaming one object or file into another: large enough that per-call
 overhead does not matter, small enough to be one cheap reused buffer. Larger writes gained
@@ -87,6 +89,19 @@ class ObjectInfo(BaseModel):
     def recorded_format(self) -> str | None:
         """``"archive"`` or ``"payload"`` when recorded with the object."""
         return self.metadata.get(FORMAT_KEY)
+
+    @property
+    def recorded_content_size(self) -> int | None:
+        """The content bytes of a directory archive of ours, recorded when saved (``None``: none,
+        or not a count)."""
+        recorded = self.metadata.get(CONTENT_SIZE_KEY)
+        if (
+            self.recorded_format != "archive"
+            or recorded is None
+            or not (recorded.isascii() and recorded.isdigit())
+        ):
+            return None
+        return int(recorded)
 
 
 class ObjectWriter(abc.ABC):

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from flyte_checkpoint.errors import BackendNotInstalledError
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.storage.base import (
+    CONTENT_SIZE_KEY,
     DIGEST_KEY,
     FORMAT_KEY,
     FSYNC_OPTION,
@@ -61,7 +62,7 @@ from flyte_checkpoint.uris import scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
 
-_OUR_KEYS = (FORMAT_KEY, DIGEST_KEY, SIZE_KEY)
+_OUR_KEYS = (FORMAT_KEY, DIGEST_KEY, SIZE_KEY, CONTENT_SIZE_KEY)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from flyte_checkpoint.errors import CheckpointStorageError
 from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
 from flyte_checkpoint.storage.base import (
+    CONTENT_SIZE_KEY,
     COPY_CHUNK,
     DIGEST_KEY,
     FORMAT_KEY,
@@ -41,6 +42,8 @@ logger = logging.getLogger("flyte_checkpoint")
 # inside a 256-byte inode: a larger or second attribute takes a block of its own, whose
 # allocation, and release when the object is next replaced, cost a fifth of a 1 KiB save.
 XATTR_NAME = "user.flyte_checkpoint"
+CONTENT_XATTR_NAME = "user.flyte_checkpoint.content_size"
+"""A directory archive's content size (see :func:`_set_metadata`)."""
 # The file's modification time when this package wrote it. A tool that rewrites the file in place
 # (the reference SDK does) keeps the extended attributes but changes the time: the record is then
 # stale, and the object is treated like any object written by another tool.
@@ -279,9 +282,16 @@ def decode_record(value: bytes) -> dict[str, str]:
 
 
 def _set_metadata(fd: int, metadata: Mapping[str, str]) -> None:
-    """Record metadata as an extended attribute; silently skipped where the filesystem has none."""
+    """Record metadata as an extended attribute; silently skipped where the filesystem has none.
+
+    A directory archive's content size goes in an attribute of its own: the record is kept to
+    the 56 bytes an ext4 inode holds inline, which every save's record fits.
+    """
+    record = {key: value for key, value in metadata.items() if key != CONTENT_SIZE_KEY}
     try:
-        os.setxattr(fd, XATTR_NAME, encode_record(metadata))
+        os.setxattr(fd, XATTR_NAME, encode_record(record))
+        if CONTENT_SIZE_KEY in metadata:
+            os.setxattr(fd, CONTENT_XATTR_NAME, metadata[CONTENT_SIZE_KEY].encode())
     except OSError as exc:
         if exc.errno not in _XATTR_UNSUPPORTED:
             raise
@@ -289,9 +299,13 @@ def _set_metadata(fd: int, metadata: Mapping[str, str]) -> None:
 
 def _get_metadata(fd: int) -> dict[str, str]:
     try:
-        return decode_record(os.getxattr(fd, XATTR_NAME))
+        record = decode_record(os.getxattr(fd, XATTR_NAME))
     except OSError:
         return {}
+    if record.get(FORMAT_KEY) == "archive":
+        with contextlib.suppress(OSError):
+            record[CONTENT_SIZE_KEY] = os.getxattr(fd, CONTENT_XATTR_NAME).decode(errors="replace")
+    return record
 
 
 class LocalBackend(Backend):
