@@ -17,10 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flyte_checkpoint.errors import (
+    BackendNotInstalledError,
     CheckpointCorruptError,
-    CheckpointError,
     CheckpointNotFoundError,
+    CheckpointPermissionError,
+    CheckpointStorageError,
+    CheckpointTimeoutError,
+    CheckpointUnavailableError,
+    ConfigurationError,
+    InvalidCheckpointInputError,
     Preempted,
+    UnsupportedTypeError,
+    UnsupportedURIError,
     describe_error,
 )
 from flyte_checkpoint.progress import human_size
@@ -29,14 +37,73 @@ if TYPE_CHECKING:
     from flyte_checkpoint.inspection import ObjectReport
 
 EXIT_OK = 0
-EXIT_FAILED = 1
-"""The command failed (a task raised, or ``verify`` found a damaged object)."""
-EXIT_UNREADABLE = 2
-"""The object is absent or could not be read (``verify``), or the command line is wrong."""
+"""Done: the object is sound (``verify``), restored, saved, listed, or the task returned."""
+EXIT_TASK_FAILED = 1
+"""``run``: the task raised (its error is printed); any other command: an unexpected error."""
+EXIT_USAGE = 2
+"""The command line is wrong (argparse's own status)."""
+EXIT_CONFIGURATION = 3
+"""A configuration mistake: an unsupported URI or scheme, a bad storage option, a missing extra,
+an unusable input, a task reference that does not import."""
+EXIT_NOT_FOUND = 4
+"""No checkpoint there (no object, or an empty one), or the path to save does not exist."""
+EXIT_CORRUPT = 5
+"""The checkpoint is damaged or unsafe (digest, gzip CRC, truncation, a hostile archive)."""
+EXIT_UNAVAILABLE = 6
+"""The store could not be reached, or did not answer in time, after bounded retries."""
+EXIT_PERMISSION = 7
+"""The store or the file system refused access (credentials, permissions)."""
+EXIT_STORAGE = 8
+"""Any other storage failure (out of space, a read-only location, a path that is a file)."""
 EXIT_PREEMPTED = 75
 """``run``: the attempt was preempted and a checkpoint saved after the notice committed, so a retry
 resumes from it (``EX_TEMPFAIL`` of sysexits.h: try again later). Preempted with no save committed
 after the notice, ``run`` exits ``128 + signum`` (143 for SIGTERM), as if the signal had ended it."""
+
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "done"),
+    (EXIT_TASK_FAILED, "run: the task raised (other commands: an unexpected error)"),
+    (EXIT_USAGE, "bad command line"),
+    (EXIT_CONFIGURATION, "configuration mistake (URI, scheme, storage option, extra, task reference)"),
+    (EXIT_NOT_FOUND, "no checkpoint there (absent or empty), or PATH does not exist"),
+    (EXIT_CORRUPT, "damaged or unsafe checkpoint"),
+    (EXIT_UNAVAILABLE, "store unreachable or timed out"),
+    (EXIT_PERMISSION, "access refused"),
+    (EXIT_STORAGE, "other storage failure (out of space, read-only)"),
+    (EXIT_PREEMPTED, "run: preempted after a checkpoint saved after the notice committed"),
+)
+"""One code per kind of outcome, the same for every command; ``run`` adds 128+N (preempted by
+signal N with no save committed after the notice)."""
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit status for ``error``, by its kind (see :data:`EXIT_CODES`)."""
+    kinds: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...] = (
+        (CheckpointNotFoundError, EXIT_NOT_FOUND),
+        (CheckpointCorruptError, EXIT_CORRUPT),
+        ((CheckpointUnavailableError, CheckpointTimeoutError), EXIT_UNAVAILABLE),
+        (CheckpointPermissionError, EXIT_PERMISSION),
+        (
+            (ConfigurationError, UnsupportedURIError, BackendNotInstalledError, InvalidCheckpointInputError,
+             UnsupportedTypeError),
+            EXIT_CONFIGURATION,
+        ),
+        (CheckpointStorageError, EXIT_STORAGE),
+    )  # fmt: skip
+    for kind, code in kinds:
+        if isinstance(error, kind):
+            return code
+    return EXIT_TASK_FAILED
+
+
+def _exit_status_help() -> str:
+    lines = [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES]
+    return (
+        "exit status:\n"
+        + "\n".join(lines)
+        + "\n  128+N  run: preempted by signal N, no save committed after it"
+    )
+
 
 _BAR_THRESHOLD = 4 << 20
 """Transfers smaller than this finish before a bar is worth drawing."""
@@ -75,17 +142,28 @@ def _grace_seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``flyte-checkpoint`` command."""
+    from flyte_checkpoint import __version__
+
     parser = argparse.ArgumentParser(
-        prog="flyte-checkpoint", description="Look at, verify, fetch and store task checkpoints."
+        prog="flyte-checkpoint",
+        description="Look at, verify, fetch and store task checkpoints.",
+        epilog=_exit_status_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"flyte-checkpoint {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(
-            name, help=summary, description=description, epilog=f"example: {EXAMPLES[name]}"
+            name,
+            help=summary,
+            description=description,
+            epilog=f"example: {EXAMPLES[name]}\n\n{_exit_status_help()}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sub.add_argument("--json", action="store_true", help="print JSON for machines (errors too)")
         sub.add_argument(
             "--storage-option",
             "-o",
@@ -105,14 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("uri", metavar="URI")
     inspect.add_argument("--verify", action="store_true", help="read it whole and check every digest")
-    inspect.add_argument("--json", action="store_true", help="print JSON for machines")
     inspect.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     verify = command(
         "verify",
         "check a stored checkpoint end to end",
         "Read the whole object and run every check its format has (recorded size and digest, "
-        "gzip CRC, tar structure). Exit 0 when sound, 1 when damaged, 2 when absent or unreadable.",
+        "gzip CRC, tar structure). Exit 0 when sound, 4 when absent or empty, 5 when damaged, 6-8 "
+        "when the store could not be read.",
     )
     verify.add_argument("uri", metavar="URI")
     verify.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -144,18 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
         "List step_<n> directories under ROOT with their state, size, part count and metadata.",
     )
     ls.add_argument("root", metavar="ROOT")
-    ls.add_argument("--json", action="store_true", help="print JSON for machines")
 
     run = command(
         "run",
         "run one task attempt with its checkpoint locations (a container entry point)",
         "Run MODULE:FUNCTION once inside a task context whose checkpoint saves to --checkpoint-path "
         "and restores from --prev-checkpoint. The attempt number comes from FLYTE_ATTEMPT_NUMBER. "
-        "The result is printed as JSON. SIGTERM is a preemption notice the task reads as "
-        "checkpoint.preempted. Exit status: 0 done; 1 the task failed; 2 bad command line; "
-        f"{EXIT_PREEMPTED} preempted after a checkpoint saved after the notice committed (a retry "
-        "resumes from it); 128+N preempted by signal N with no save committed after the notice "
-        "(143 for SIGTERM).",
+        "The result is printed as JSON. MODULE is imported from the current directory first, as "
+        "python -m does. SIGTERM is a preemption notice the task reads as checkpoint.preempted.",
     )
     run.add_argument("--checkpoint-path", required=True, metavar="URI")
     run.add_argument("--prev-checkpoint", default=None, metavar="URI")
@@ -267,18 +341,13 @@ def _describe_kind(kind: str) -> str:
 def _verify(args: argparse.Namespace) -> int:
     from flyte_checkpoint.inspection import inspect_object
 
-    try:
-        with progress_bar("verifying", args.quiet) as progress:
-            report = inspect_object(args.uri, storage_options=_options(args), verify=True, progress=progress)
-    except CheckpointCorruptError as exc:
-        print(f"corrupt: {describe_error(exc)}", file=sys.stderr)
-        return EXIT_FAILED
-    except CheckpointError as exc:
-        print(f"unreadable: {describe_error(exc)}", file=sys.stderr)
-        return EXIT_UNREADABLE
+    with progress_bar("verifying", args.quiet or args.json) as progress:
+        report = inspect_object(args.uri, storage_options=_options(args), verify=True, progress=progress)
     if report.kind == "empty":
-        print(f"absent: {args.uri} is empty, which means no checkpoint", file=sys.stderr)
-        return EXIT_UNREADABLE
+        raise CheckpointNotFoundError(f"{args.uri} is empty, which means no checkpoint")
+    if args.json:
+        print(report.model_dump_json(indent=2))
+        return EXIT_OK
     checked = ", ".join(report.checked or []) or "readable only"
     print(f"ok: {args.uri} ({report.size} bytes; checked: {checked})")
     for missing in report.not_checked or []:
@@ -298,10 +367,13 @@ def _verdict(report: ObjectReport) -> str:
 def _get(args: argparse.Namespace) -> int:
     from flyte_checkpoint.inspection import restore_to
 
-    with progress_bar("restoring", args.quiet) as progress:
+    with progress_bar("restoring", args.quiet or args.json) as progress:
         restored = restore_to(
             args.uri, args.directory, storage_options=_options(args), force=args.force, progress=progress
         )
+    if args.json:
+        print(json.dumps({"uri": args.uri, "restored": str(restored)}, indent=2))
+        return EXIT_OK
     print(f"restored {args.uri} to {restored}")
     return EXIT_OK
 
@@ -316,9 +388,12 @@ def _put(args: argparse.Namespace) -> int:
     description = "saving" if estimate is None else f"saving (estimate: {human_size(estimate)} uncompressed)"
     with (
         Checkpoint(args.uri, **options) as checkpoint,
-        progress_bar(description, args.quiet, estimate=estimate) as progress,
+        progress_bar(description, args.quiet or args.json, estimate=estimate) as progress,
     ):
         checkpoint.save_sync(args.path, progress=progress)
+    if args.json:
+        print(json.dumps({"path": str(args.path), "uri": args.uri}, indent=2))
+        return EXIT_OK
     print(f"saved {args.path} to {args.uri}")
     return EXIT_OK
 
@@ -398,7 +473,8 @@ def _ls_state_root(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from flyte_checkpoint.context import CheckpointPaths
-    from flyte_checkpoint.runners.runtime import load_and_run_task
+    from flyte_checkpoint.runners.runtime import load_and_run_task, resolve_task
+    from flyte_checkpoint.uris import check_object_uri, clean_uri
 
     try:
         inputs: Any = json.loads(args.inputs)
@@ -407,9 +483,16 @@ def _run(args: argparse.Namespace) -> int:
     if not isinstance(inputs, dict):
         raise SystemExit("flyte-checkpoint: error: --inputs must be a JSON object of keyword arguments")
     paths = CheckpointPaths(checkpoint_path=args.checkpoint_path, prev_checkpoint_path=args.prev_checkpoint)
+    for location in (args.checkpoint_path, args.prev_checkpoint):
+        cleaned = clean_uri(location)
+        if cleaned is not None:
+            check_object_uri(cleaned)  # before the task starts, not when it first saves
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: a task module in the current directory
+    task = resolve_task(args.task)  # a reference that does not import is a configuration mistake
     try:
         result = load_and_run_task(
-            args.task,
+            task,
             checkpoint_paths=paths,
             inputs=inputs,
             run_name=args.run_name,
@@ -420,8 +503,14 @@ def _run(args: argparse.Namespace) -> int:
     except Preempted as preempted:
         if args.debug:
             traceback.print_exc()
-        print(f"flyte-checkpoint: {describe_error(preempted)}", file=sys.stderr)
-        return _preempted_exit_code(preempted)
+        code = _preempted_exit_code(preempted)
+        _report_error(args, preempted, code, kind="preempted")
+        return code
+    except Exception as failure:  # the task's own error: reported as the task's, exit 1
+        if args.debug:
+            traceback.print_exc()
+        _report_error(args, failure, EXIT_TASK_FAILED, kind="task failed")
+        return EXIT_TASK_FAILED
     print(json.dumps(result, default=str))
     return EXIT_OK
 
@@ -429,7 +518,19 @@ def _run(args: argparse.Namespace) -> int:
 def _preempted_exit_code(preempted: Preempted) -> int:
     if preempted.saved:
         return EXIT_PREEMPTED
-    return preempted.code if isinstance(preempted.code, int) else EXIT_FAILED
+    return preempted.code if isinstance(preempted.code, int) else EXIT_TASK_FAILED
+
+
+def _report_error(args: argparse.Namespace, error: BaseException, code: int, *, kind: str = "error") -> None:
+    """One line on stderr, or (``--json``) one JSON object on stdout: type, message, exit code."""
+    if getattr(args, "json", False):
+        document = {"error": {"kind": kind, "type": type(error).__name__, "message": describe_error(error)}}
+        print(json.dumps({**document, "exit_code": code}, indent=2))
+        return
+    if isinstance(error, Preempted):  # its message says it all: "preempted by SIGTERM ..."
+        print(f"flyte-checkpoint: {describe_error(error)}", file=sys.stderr)
+        return
+    print(f"flyte-checkpoint: {kind}: {type(error).__name__}: {describe_error(error)}", file=sys.stderr)
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -452,11 +553,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return _COMMANDS[args.command](args)
-    except Exception as exc:  # one clear line unless --debug
+    except Exception as exc:  # one clear line (or JSON) unless --debug; the code says the kind
+        code = exit_code_for(exc)
         if args.debug:
             traceback.print_exc()
-        else:
-            print(f"flyte-checkpoint: error: {type(exc).__name__}: {describe_error(exc)}", file=sys.stderr)
-        if isinstance(exc, CheckpointNotFoundError) and args.command in ("inspect", "get"):
-            return EXIT_UNREADABLE
-        return EXIT_FAILED
+        _report_error(args, exc, code)
+        return code

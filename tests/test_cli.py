@@ -72,7 +72,7 @@ def test_run_resumes_across_separate_processes_like_a_remote_retry(tmp_path: Pat
 def test_a_failing_task_exits_1_with_one_clear_line(tmp_path: Path) -> None:
     result = run_cli("run", "--checkpoint-path", str(tmp_path / "cur"), "os:getcwd", "--inputs", '{"bad": 1}')
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("flyte-checkpoint: error: TypeError")
+    assert result.stderr.strip().splitlines()[-1].startswith("flyte-checkpoint: task failed: TypeError")
     assert "Traceback" not in result.stderr
 
 
@@ -124,8 +124,8 @@ def test_run_exits_128_plus_the_signal_when_nothing_was_saved_after_the_notice(t
 def test_help_lists_the_exit_statuses_of_run() -> None:
     result = run_cli("run", "--help")
     described = " ".join(result.stdout.split())
-    assert "75 preempted after a checkpoint saved after the notice committed" in described
-    assert "128+N preempted by signal N" in described
+    assert "75 run: preempted after a checkpoint saved after the notice committed" in described
+    assert "128+N run: preempted by signal N" in described
 
 
 def test_a_grace_period_that_is_not_a_number_of_seconds_is_a_usage_error(tmp_path: Path) -> None:

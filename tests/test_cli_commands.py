@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import Checkpoint
+from flyte_checkpoint.cli import EXIT_CONFIGURATION, EXIT_CORRUPT, EXIT_NOT_FOUND
 from tests.conftest import damage_in_place, tree_of
 from tests.storage.conftest import remote_for
 from tests.storage_servers import StorageServer
@@ -63,7 +64,7 @@ def test_get_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "mine.txt").write_text("keep me")
     refused = cli("get", str(tmp_path / "obj"), str(tmp_path / "out"))
-    assert refused.returncode == 1
+    assert refused.returncode == EXIT_CONFIGURATION
     assert "--force" in refused.stderr
     assert cli("get", "--force", str(tmp_path / "obj"), str(tmp_path / "out")).returncode == 0
     assert (tmp_path / "out" / "mine.txt").read_text() == "keep me"
@@ -74,7 +75,7 @@ def test_get_of_a_corrupt_archive_leaves_the_target_untouched(tmp_path: Path, mo
     Checkpoint(str(tmp_path / "obj")).save_sync(model_dir)
     damage_in_place(tmp_path / "obj", 2000, b"\xff\x00\xff")
     result = cli("get", str(tmp_path / "obj"), str(tmp_path / "out"))
-    assert result.returncode == 1
+    assert result.returncode == EXIT_CORRUPT
     assert "CheckpointCorruptError" in result.stderr
     assert not (tmp_path / "out").exists()  # the folder the failed get created is gone again
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".flyte-cp-get-")] == []
@@ -124,24 +125,24 @@ def test_verify_exits_0_for_a_sound_checkpoint(tmp_path: Path, model_dir: Path) 
     assert "checked: crc32, size, gzip CRC, tar structure" in result.stdout
 
 
-def test_verify_exits_1_with_the_reason_for_a_corrupt_checkpoint(tmp_path: Path) -> None:
+def test_verify_exits_5_with_the_reason_for_a_corrupt_checkpoint(tmp_path: Path) -> None:
     Checkpoint(str(tmp_path / "obj")).save_sync(b"precious bytes")
     damage_in_place(tmp_path / "obj", 0, b"P")
     result = cli("verify", str(tmp_path / "obj"))
-    assert result.returncode == 1
-    assert "corrupt:" in result.stderr
+    assert result.returncode == EXIT_CORRUPT
+    assert "CheckpointCorruptError" in result.stderr
     assert "does not match the digest" in result.stderr
 
 
-def test_verify_exits_2_when_the_checkpoint_is_absent(tmp_path: Path) -> None:
+def test_verify_exits_4_when_the_checkpoint_is_absent(tmp_path: Path) -> None:
     result = cli("verify", str(tmp_path / "nothing"))
-    assert result.returncode == 2
+    assert result.returncode == EXIT_NOT_FOUND
     assert "no checkpoint at" in result.stderr
 
 
 def test_errors_are_one_line_without_a_traceback(tmp_path: Path) -> None:
     result = cli("put", str(tmp_path / "missing"), str(tmp_path / "obj"))
-    assert result.returncode == 1
+    assert result.returncode == EXIT_NOT_FOUND
     assert result.stderr.strip().count("\n") == 0
     assert "no such file or directory" in result.stderr
 

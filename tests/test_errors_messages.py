@@ -16,7 +16,7 @@ from flyte_checkpoint import (
     CheckpointStorageError,
     InvalidCheckpointInputError,
 )
-from flyte_checkpoint.cli import EXIT_FAILED, main
+from flyte_checkpoint.cli import EXIT_CORRUPT, main
 from flyte_checkpoint.errors import describe_error
 from flyte_checkpoint.storage import local as local_store
 from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
@@ -44,7 +44,7 @@ def test_a_damaged_checkpoint_is_called_damaged_once_when_loaded(damaged: Path, 
 def test_a_damaged_checkpoint_is_called_damaged_once_by_verify(
     damaged: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["verify", "-q", str(damaged)]) == EXIT_FAILED
+    assert main(["verify", "-q", str(damaged)]) == EXIT_CORRUPT
     err = capsys.readouterr().err.replace(str(damaged), "CKPT")
     assert err.count("damaged") == 1, err
 

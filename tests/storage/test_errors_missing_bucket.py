@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import Checkpoint, ConfigurationError
-from flyte_checkpoint.cli import EXIT_UNREADABLE, main
+from flyte_checkpoint.cli import EXIT_CONFIGURATION, main
 from tests.storage.conftest import Remote
 
 
@@ -42,7 +42,7 @@ def test_verify_of_a_missing_bucket_says_the_bucket_does_not_exist(
     remote: Remote, capsys: pytest.CaptureFixture[str]
 ) -> None:
     options = [f"-o{key}={json.dumps(value)}" for key, value in remote.storage_options.items()]
-    assert main(["verify", "-q", *options, _missing(remote)]) == EXIT_UNREADABLE
+    assert main(["verify", "-q", *options, _missing(remote)]) == EXIT_CONFIGURATION
     err = capsys.readouterr().err
     assert "does not exist" in err
     assert "no checkpoint" not in err
