@@ -89,8 +89,12 @@ def test_names_with_regex_characters_are_matched_literally() -> None:
 
 
 def helper_source(prev_uri: str) -> str | None:
-    """The previous URI as a helper made in the current task repairs it."""
-    return Checkpoint("s3://bucket/dest", prev_uri, run_name=RUN, action_name=ACTION).remote_source
+    """The previous URI as a helper made in the current task repairs it (anonymous clients: gcsfs
+    would otherwise look for credentials, on Google's metadata server among other places)."""
+    options = {"token": "anon"} if prev_uri.startswith("gs://") else {"anon": True}
+    return Checkpoint(
+        "file:///tmp/unused-dest", prev_uri, run_name=RUN, action_name=ACTION, storage_options=options
+    ).remote_source
 
 
 def test_inside_a_task_the_helper_repairs_with_the_context_attempt_number_not_the_environment(
