@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
 ProgressCallback = Callable[[int, "int | None"], None]
 """``callback(bytes_done, total_bytes_or_None)``; may be called from a worker thread."""
+
+logger = logging.getLogger("flyte_checkpoint")
 
 _STEP = 1 << 20
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
@@ -41,3 +45,17 @@ class ProgressReporter:
         if done != self._reported:
             self._reported = done
             self._callback(done, self.total)
+
+
+def log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:
+    """The one INFO line of a save or load: what, where, how much, how long, how fast."""
+    seconds = max(time.monotonic() - started, 1e-9)
+    logger.info(
+        "%s %s %s: %s in %.3f s (%s/s)",
+        verb,
+        uri,
+        what,
+        human_size(size),
+        seconds,
+        human_size(size / seconds),
+    )

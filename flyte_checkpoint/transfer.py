@@ -25,7 +25,7 @@ from typing import IO, TypeVar, cast
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, InputChangedError, add_context
-from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, human_size
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, log_transfer
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
 from flyte_checkpoint.storage.base import CONTENT_SIZE_KEY, COPY_CHUNK
 from flyte_checkpoint.storage.errors import translated_os_errors
@@ -78,7 +78,7 @@ def save_object(
         )
 
     info = retry.call(once, describe=f"saving {uri}")
-    _log_transfer("saved", uri, what, info.size, started)
+    log_transfer("saved", uri, what, info.size, started)
     return info
 
 
@@ -235,7 +235,7 @@ def load_object(
     if restored is None:
         logger.info("no checkpoint at %s (no object, or an empty one); starting fresh", uri)
         return None
-    _log_transfer("loaded", uri, f"into {restored}", read[0], started)
+    log_transfer("loaded", uri, f"into {restored}", read[0], started)
     return restored
 
 
@@ -283,16 +283,3 @@ def _write_payload(stream: IO[bytes], target: Path, restoring: str) -> Path:
             out.write(chunk)
     os.replace(partial, target)
     return target
-
-
-def _log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:
-    seconds = max(time.monotonic() - started, 1e-9)
-    logger.info(
-        "%s %s %s: %s in %.3f s (%s/s)",
-        verb,
-        uri,
-        what,
-        human_size(size),
-        seconds,
-        human_size(size / seconds),
-    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
     UnsupportedTypeError,
 )
+from flyte_checkpoint.progress import log_transfer
 from flyte_checkpoint.state import acks as storage_acks
 from flyte_checkpoint.state.commit import (
     NOTHING_COMMITTED,
@@ -154,6 +156,7 @@ class StateCheckpoint:
             from flyte_checkpoint.state.ray import save_actors
 
             return save_actors(self, controller=controller, parts=parts, metadata=metadata, lock=lock)
+        started = time.monotonic()
         layout = self._layout
         targets = _targets(controller, parts)
         user_metadata = checked_metadata(metadata)
@@ -178,7 +181,7 @@ class StateCheckpoint:
                 stored_controller = records.pop(0) if controller is not None else None
                 return stored_controller, [record for record in records if isinstance(record, PartAck)]
 
-            return commit_parts(
+            manifest = commit_parts(
                 layout,
                 version,
                 store,
@@ -187,6 +190,8 @@ class StateCheckpoint:
                 max_workers=self._max_workers,
                 check_stored=False,
             )
+        _log_checkpoint("saved", layout.root, manifest, started)
+        return manifest
 
     def load(
         self,
@@ -502,7 +507,8 @@ class StateCheckpoint:
         check: Callable[[Manifest], None],
         lock: LockLike | None,
     ) -> Manifest:
-        return load_into(
+        started = time.monotonic()
+        manifest = load_into(
             self._layout,
             targets,
             version_id=version_id,
@@ -512,6 +518,16 @@ class StateCheckpoint:
             deadline=self._deadline(),
             max_workers=self._max_workers,
         )
+        _log_checkpoint("loaded", self._layout.root, manifest, started)
+        return manifest
+
+
+def _log_checkpoint(verb: str, root: str, manifest: Manifest, started: float) -> None:
+    """The INFO line a :class:`~flyte_checkpoint.Checkpoint` logs, for a multi-part checkpoint."""
+    records = [*manifest.parts, *([manifest.controller] if manifest.controller else [])]
+    what = f"state version {manifest.version_id} ({len(manifest.parts)} parts"
+    what += " and a controller)" if manifest.controller else ")"
+    log_transfer(verb, root, what, sum(record.size for record in records), started)
 
 
 def _rebuild(

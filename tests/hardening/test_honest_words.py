@@ -3,8 +3,11 @@ archive does not call it another tool's, and a restore out of space names what w
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+import pytest
 
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.inspection import inspect_object
@@ -67,3 +70,33 @@ def test_a_restore_out_of_space_names_the_checkpoint_and_tmpdir_not_save_again(t
     assert f"TMPDIR ({tmp_path})" in result.stdout
     assert "save again" not in result.stdout
     assert "load again" in result.stdout
+
+
+def test_a_multi_part_save_and_load_each_log_one_line_like_a_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from flyte_checkpoint.state import CheckpointManager
+
+    class Part:
+        def __init__(self, data: bytes = b"") -> None:
+            self.data = data
+
+        def state_dict(self) -> dict[str, bytes]:
+            return {"data": self.data}
+
+        def load_state_dict(self, state: dict[str, bytes]) -> None:
+            self.data = state["data"]
+
+    manager = CheckpointManager(tmp_path / "steps")
+    with caplog.at_level(logging.INFO, logger="flyte_checkpoint"):
+        manager.save(3, controller=Part(b"c"), parts=[Part(os.urandom(MiB)), Part(b"x")])
+        manager.load(controller=Part(), parts=[Part(), Part()])
+    lines = [record.getMessage() for record in caplog.records if record.name == "flyte_checkpoint"]
+    saved = [line for line in lines if line.startswith("saved ")]
+    loaded = [line for line in lines if line.startswith("loaded ")]
+    assert len(saved) == 1
+    assert len(loaded) == 1
+    for line in (saved[0], loaded[0]):
+        assert str(tmp_path / "steps" / "step_3") in line
+        assert "(2 parts and a controller): 1.0 MiB in " in line
+        assert "MiB/s" in line
