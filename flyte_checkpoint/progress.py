@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -45,6 +46,58 @@ class ProgressReporter:
         if done != self._reported:
             self._reported = done
             self._callback(done, self.total)
+
+
+class CombinedProgress:
+    """The concurrent transfers of one operation (the parts of a multi-part checkpoint) told to
+    one callback as their sum; safe to use from several threads."""
+
+    def __init__(self, callback: ProgressCallback, total: int | None) -> None:
+        self._lock = threading.Lock()
+        self._done = 0
+        self._reporter = ProgressReporter(callback, total)
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self._done += count
+            self._reporter.advance(self._done)
+
+    def finish(self) -> None:
+        with self._lock:
+            self._reporter.finish(self._done)
+
+    def writer_part(self) -> ProgressReporter:
+        """A reporter for one part's writer (it reports that part's running count)."""
+        return _PartReporter(self)
+
+    def reader_part(self) -> ProgressCallback:
+        """A callback for one part's reader (``(bytes_read, size)`` of that part)."""
+        seen = [0]
+
+        def tell(done: int, total: int | None) -> None:
+            self.add(done - seen[0])
+            seen[0] = done
+
+        return tell
+
+
+class _PartReporter(ProgressReporter):
+    def __init__(self, combined: CombinedProgress) -> None:
+        super().__init__(lambda done, total: None, None)
+        self._combined = combined
+        self._seen = 0
+
+    def advance(self, done: int) -> None:
+        self._combined.add(done - self._seen)
+        self._seen = done
+
+    def finish(self, done: int) -> None:
+        self.advance(done)
+
+
+def combined(callback: ProgressCallback | None, total: int | None) -> CombinedProgress | None:
+    """A :class:`CombinedProgress` for ``callback``, or ``None`` without one."""
+    return None if callback is None else CombinedProgress(callback, total)
 
 
 def log_transfer(verb: str, uri: str, what: str, size: int, started: float) -> None:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.state.acks import Worker
 from flyte_checkpoint.state.checkpoint import StateCheckpoint
 from flyte_checkpoint.state.components import PICKLE, Component, ComponentOrActor, Serializer
@@ -33,6 +34,7 @@ def save_checkpoint(
     timeout: float = DEFAULT_TIMEOUT,
     max_workers: int | None = None,
     storage_options: StorageOptions | None = None,
+    progress: ProgressCallback | None = None,
 ) -> Manifest:
     """Save ``controller`` and ``parts`` as one checkpoint; see :meth:`StateCheckpoint.save`."""
     checkpoint = StateCheckpoint(
@@ -42,7 +44,9 @@ def save_checkpoint(
         timeout=timeout,
         max_workers=max_workers,
     )
-    return checkpoint.save(controller=controller, parts=parts, metadata=metadata, lock=lock)
+    return checkpoint.save(
+        controller=controller, parts=parts, metadata=metadata, lock=lock, progress=progress
+    )
 
 
 def load_checkpoint(
@@ -55,6 +59,7 @@ def load_checkpoint(
     timeout: float = DEFAULT_TIMEOUT,
     max_workers: int | None = None,
     storage_options: StorageOptions | None = None,
+    progress: ProgressCallback | None = None,
 ) -> dict[str, Any]:
     """Restore ``controller`` and ``parts``; returns the user metadata. See :meth:`StateCheckpoint.load`."""
     checkpoint = StateCheckpoint(
@@ -64,7 +69,7 @@ def load_checkpoint(
         timeout=timeout,
         max_workers=max_workers,
     )
-    return dict(checkpoint.load(controller=controller, parts=parts, lock=lock).metadata)
+    return dict(checkpoint.load(controller=controller, parts=parts, lock=lock, progress=progress).metadata)
 
 
 def verify_checkpoint(

@@ -23,7 +23,7 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
     UnsupportedTypeError,
 )
-from flyte_checkpoint.progress import log_transfer
+from flyte_checkpoint.progress import CombinedProgress, ProgressCallback, combined, log_transfer
 from flyte_checkpoint.state import acks as storage_acks
 from flyte_checkpoint.state.commit import (
     NOTHING_COMMITTED,
@@ -139,6 +139,7 @@ class StateCheckpoint:
         parts: Sequence[ComponentOrActor],
         metadata: dict[str, Any] | None = None,
         lock: LockLike | None = None,
+        progress: ProgressCallback | None = None,
     ) -> Manifest:
         """Save ``controller`` and ``parts`` (by position) as one checkpoint; returns its manifest.
 
@@ -148,6 +149,8 @@ class StateCheckpoint:
         ``state_dict()`` results are serialised inside the lock, because they may reference live
         objects. ``metadata`` (JSON values) is stored with the manifest and returned by loads.
         A part that fails makes this raise, naming it and the cause, with nothing committed.
+        ``progress(bytes_written, total)`` is told how far the parts got, all together (not for
+        Ray actors, which each write their own part).
 
         Ray actor handles may be given as components: each actor then writes its own part (see
         :mod:`flyte_checkpoint.state.ray`).
@@ -166,11 +169,12 @@ class StateCheckpoint:
             with held(lock, deadline, NOTHING_SAVED):
                 payloads = [_capture(target, self._serializer, Path(scratch)) for target in targets]
             version = new_version_id()
+            told = combined(progress, sum(_payload_size(payload) for payload in payloads))
 
             def store() -> Stored:
                 records = run_bounded(
                     [
-                        (target.position, _store_job(layout, version, target.position, payload))
+                        (target.position, _store_job(layout, version, target.position, payload, told))
                         for target, payload in zip(targets, payloads, strict=True)
                     ],
                     deadline=deadline,
@@ -178,6 +182,8 @@ class StateCheckpoint:
                     what=f"saving {layout.root}",
                     consequence=NOTHING_SAVED,
                 )
+                if told is not None:
+                    told.finish()
                 stored_controller = records.pop(0) if controller is not None else None
                 return stored_controller, [record for record in records if isinstance(record, PartAck)]
 
@@ -199,6 +205,7 @@ class StateCheckpoint:
         controller: ComponentOrActor | None,
         parts: Sequence[ComponentOrActor],
         lock: LockLike | None = None,
+        progress: ProgressCallback | None = None,
     ) -> Manifest:
         """Restore ``controller`` and ``parts`` (by position); returns the applied manifest.
 
@@ -224,7 +231,9 @@ class StateCheckpoint:
         def check(manifest: Manifest) -> None:
             check_counts(layout, manifest, parts=len(parts), controller=given_controller)
 
-        return self._load(_targets(controller, parts), version_id=None, check=check, lock=lock)
+        return self._load(
+            _targets(controller, parts), version_id=None, check=check, lock=lock, progress=progress
+        )
 
     def verify(self, *, world_size: int | None = None, read_parts: bool = True) -> Manifest:
         """Check the committed checkpoint without restoring anything; returns its manifest.
@@ -506,6 +515,7 @@ class StateCheckpoint:
         version_id: str | None,
         check: Callable[[Manifest], None],
         lock: LockLike | None,
+        progress: ProgressCallback | None = None,
     ) -> Manifest:
         started = time.monotonic()
         manifest = load_into(
@@ -517,6 +527,7 @@ class StateCheckpoint:
             lock=lock,
             deadline=self._deadline(),
             max_workers=self._max_workers,
+            progress=progress,
         )
         _log_checkpoint("loaded", self._layout.root, manifest, started)
         return manifest
@@ -574,11 +585,15 @@ def _capture(target: Target, serializer: Serializer, scratch: Path) -> Payload:
 
 
 def _store_job(
-    layout: Layout, version: str, position: int | None, payload: Payload
+    layout: Layout, version: str, position: int | None, payload: Payload, progress: CombinedProgress | None
 ) -> Callable[[], PartRecord]:
     if position is None:
-        return lambda: store_controller(layout, version, payload)
-    return lambda: store_part(layout, version, position, payload)
+        return lambda: store_controller(layout, version, payload, progress)
+    return lambda: store_part(layout, version, position, payload, progress)
+
+
+def _payload_size(payload: Payload) -> int:
+    return payload.data.stat().st_size if isinstance(payload.data, Path) else len(payload.data)
 
 
 def _verify_job(layout: Layout, manifest: Manifest, position: int | None, read: bool) -> Callable[[], None]:

@@ -23,6 +23,7 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
     UnsupportedTypeError,
 )
+from flyte_checkpoint.progress import CombinedProgress
 from flyte_checkpoint.state.components import Payload
 from flyte_checkpoint.state.failures import part_failed
 from flyte_checkpoint.state.layout import (
@@ -69,9 +70,11 @@ def refuse_committed(layout: Layout, version_id: str) -> None:
         )
 
 
-def store_controller(layout: Layout, version_id: str, payload: Payload) -> PartRecord:
+def store_controller(
+    layout: Layout, version_id: str, payload: Payload, progress: CombinedProgress | None = None
+) -> PartRecord:
     """Store the coordinator's own state in the version."""
-    written = write_object(layout.backend, layout.object_uri(version_id, CONTROLLER_NAME), payload)
+    written = write_object(layout.backend, layout.object_uri(version_id, CONTROLLER_NAME), payload, progress)
     return PartRecord(
         name=CONTROLLER_NAME,
         part_id=os.urandom(8).hex(),

@@ -17,6 +17,7 @@ from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
 )
+from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.state.acks import Worker
 from flyte_checkpoint.state.checkpoint import StateCheckpoint
 from flyte_checkpoint.state.components import PICKLE, ComponentOrActor, Serializer
@@ -173,9 +174,12 @@ class CheckpointManager:
         parts: Sequence[ComponentOrActor],
         metadata: dict[str, Any] | None = None,
         lock: LockLike | None = None,
+        progress: ProgressCallback | None = None,
     ) -> Manifest:
         """Save ``step`` (atomically replacing an earlier save of the same step), then apply retention."""
-        manifest = self.at(step).save(controller=controller, parts=parts, metadata=metadata, lock=lock)
+        manifest = self.at(step).save(
+            controller=controller, parts=parts, metadata=metadata, lock=lock, progress=progress
+        )
         self._retain_after(step)
         return manifest
 
@@ -236,6 +240,7 @@ class CheckpointManager:
         controller: ComponentOrActor | None,
         parts: Sequence[ComponentOrActor],
         lock: LockLike | None = None,
+        progress: ProgressCallback | None = None,
     ) -> RestoredStep | None:
         """Restore ``step``, or the newest committed step that verifies; ``None`` when there is none.
 
@@ -247,14 +252,14 @@ class CheckpointManager:
         loaded or raises, with no fall-back.
         """
         if step is not None:
-            return self._load_step(_check_step(step), controller, parts, lock)
+            return self._load_step(_check_step(step), controller, parts, lock, progress)
         candidates = sorted(self._scan()[0], reverse=True)
         if not candidates:
             return None
         reasons: list[str] = []
         for index, candidate in enumerate(candidates):
             try:
-                return self._load_step(candidate, controller, parts, lock)
+                return self._load_step(candidate, controller, parts, lock, progress)
             except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
                 reasons.append(f"step {candidate}: {exc}")
                 older = candidates[index + 1] if index + 1 < len(candidates) else None
@@ -275,8 +280,9 @@ class CheckpointManager:
         controller: ComponentOrActor | None,
         parts: Sequence[ComponentOrActor],
         lock: LockLike | None,
+        progress: ProgressCallback | None = None,
     ) -> RestoredStep:
-        manifest = self.at(step).load(controller=controller, parts=parts, lock=lock)
+        manifest = self.at(step).load(controller=controller, parts=parts, lock=lock, progress=progress)
         self._resumed_step = step
         return RestoredStep(step=step, version_id=manifest.version_id, metadata=dict(manifest.metadata))
 

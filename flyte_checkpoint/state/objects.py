@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.progress import CombinedProgress
 from flyte_checkpoint.state.components import Payload
 from flyte_checkpoint.state.manifest import PartRecord
 from flyte_checkpoint.storage import DIGEST_KEY, Backend
@@ -29,13 +30,15 @@ class Written:
     digest: str
 
 
-def write_object(backend: Backend, uri: str, payload: Payload) -> Written:
+def write_object(
+    backend: Backend, uri: str, payload: Payload, progress: CombinedProgress | None = None
+) -> Written:
     """Store ``payload`` at ``uri`` atomically (nothing visible before commit), with retries."""
-    return RETRY.call(lambda: _write_once(backend, uri, payload), describe=f"saving {uri}")
+    return RETRY.call(lambda: _write_once(backend, uri, payload, progress), describe=f"saving {uri}")
 
 
-def _write_once(backend: Backend, uri: str, payload: Payload) -> Written:
-    writer = backend.open_write(uri, {})
+def _write_once(backend: Backend, uri: str, payload: Payload, progress: CombinedProgress | None) -> Written:
+    writer = backend.open_write(uri, {}, progress=progress.writer_part() if progress is not None else None)
     try:
         if isinstance(payload.data, Path):
             with payload.data.open("rb") as source:
@@ -67,23 +70,32 @@ def _read_all(backend: Backend, uri: str) -> bytes | None:
         return reader.readall()
 
 
-def fetch_bytes(backend: Backend, uri: str, record: PartRecord, label: str) -> bytes:
+def fetch_bytes(
+    backend: Backend, uri: str, record: PartRecord, label: str, progress: CombinedProgress | None = None
+) -> bytes:
     """The object ``record`` describes, checked against the manifest's size and digest."""
 
     def once() -> bytes:
         chunks: list[bytes] = []
-        _stream(backend, uri, record, label, chunks.append)
+        _stream(backend, uri, record, label, chunks.append, progress)
         return b"".join(chunks)
 
     return RETRY.call(once, describe=f"loading {uri}")
 
 
-def fetch_to_file(backend: Backend, uri: str, record: PartRecord, label: str, dest: Path) -> Path:
+def fetch_to_file(
+    backend: Backend,
+    uri: str,
+    record: PartRecord,
+    label: str,
+    dest: Path,
+    progress: CombinedProgress | None = None,
+) -> Path:
     """Stream the object ``record`` describes into ``dest``, checked like :func:`fetch_bytes`."""
 
     def once() -> Path:
         with dest.open("wb") as sink:
-            _stream(backend, uri, record, label, sink.write)
+            _stream(backend, uri, record, label, sink.write, progress)
         return dest
 
     return RETRY.call(once, describe=f"loading {uri}")
@@ -95,7 +107,12 @@ def verify_object(backend: Backend, uri: str, record: PartRecord, label: str) ->
 
 
 def _stream(
-    backend: Backend, uri: str, record: PartRecord, label: str, consume: Callable[[bytes], object]
+    backend: Backend,
+    uri: str,
+    record: PartRecord,
+    label: str,
+    consume: Callable[[bytes], object],
+    progress: CombinedProgress | None = None,
 ) -> None:
     """Read the object to its end into ``consume``, digesting each byte once.
 
@@ -103,7 +120,7 @@ def _stream(
     against it at end of stream; that recorded digest must then be the manifest's, and no second
     digest is taken here. Otherwise this layer digests the bytes itself.
     """
-    reader = backend.open_read(uri)
+    reader = backend.open_read(uri, progress=progress.reader_part() if progress is not None else None)
     if reader is None:
         raise CheckpointCorruptError(f"{label} is missing: the manifest names {uri}, which does not exist")
     recorded = reader.info.recorded_digest

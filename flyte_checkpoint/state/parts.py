@@ -12,6 +12,7 @@ from pathlib import Path
 
 from flyte_checkpoint.context import TaskContext, ctx
 from flyte_checkpoint.errors import ConfigurationError, InvalidCheckpointInputError, UnsupportedTypeError
+from flyte_checkpoint.progress import CombinedProgress
 from flyte_checkpoint.state.components import (
     BYTES_ENCODING,
     FILE_ENCODING,
@@ -81,10 +82,12 @@ def payload_of(
         return capture(data, kind, serializer, path)
 
 
-def store_part(layout: Layout, version_id: str, position: int, payload: Payload) -> PartAck:
+def store_part(
+    layout: Layout, version_id: str, position: int, payload: Payload, progress: CombinedProgress | None = None
+) -> PartAck:
     """Store the part at ``position`` of the version; its acknowledgement."""
     name = part_name(position)
-    written = write_object(layout.backend, layout.object_uri(version_id, name), payload)
+    written = write_object(layout.backend, layout.object_uri(version_id, name), payload, progress)
     return PartAck(
         position=position,
         name=name,

@@ -22,6 +22,7 @@ from flyte_checkpoint.errors import (
     UntrustedContentError,
     add_context,
 )
+from flyte_checkpoint.progress import ProgressCallback, combined
 from flyte_checkpoint.state.components import (
     BYTES_ENCODING,
     FILE_ENCODING,
@@ -70,6 +71,7 @@ def load_into(
     lock: LockLike | None,
     deadline: Deadline,
     max_workers: int | None,
+    progress: ProgressCallback | None = None,
 ) -> Manifest:
     """The one load: ``check`` the committed manifest, stage every target's part, apply them all.
 
@@ -88,6 +90,7 @@ def load_into(
                 scratch=Path(scratch),
                 deadline=deadline,
                 max_workers=max_workers,
+                progress=progress,
             )
 
         manifest, staged = with_committed(layout, version_id, check_and_stage)
@@ -132,8 +135,11 @@ def stage(
     scratch: Path,
     deadline: Deadline,
     max_workers: int | None,
+    progress: ProgressCallback | None = None,
 ) -> list[Staged]:
-    """Fetch, verify and decode the part of every target, concurrently and bounded by ``deadline``."""
+    """Fetch, verify and decode the part of every target, concurrently and bounded by ``deadline``.
+
+    ``progress(bytes_read, total)`` is told how far the parts got, all together."""
     for target in targets:
         record = record_of(manifest, target.position)
         if target.kind == "state" and record.encoding != serializer.name:
@@ -147,13 +153,17 @@ def stage(
                 f"the component's state is decoded with {serializer.name!r}: {hint}"
             )
 
+    wanted = [record_of(manifest, target.position) for target in targets]
+    told = combined(progress, sum(record.size for record in wanted))
+
     def job(target: Target) -> Staged:
         record = record_of(manifest, target.position)
         uri = layout.object_uri(manifest.version_id, record.name)
         label = label_of(target.position)
         if target.kind == "file":
-            return Staged(target, fetch_to_file(layout.backend, uri, record, label, scratch / record.name))
-        data = fetch_bytes(layout.backend, uri, record, label)
+            dest = scratch / record.name
+            return Staged(target, fetch_to_file(layout.backend, uri, record, label, dest, told))
+        data = fetch_bytes(layout.backend, uri, record, label, told)
         try:
             value = serializer.loads(data)
         except UntrustedContentError as exc:
@@ -165,13 +175,16 @@ def stage(
             ) from exc
         return Staged(target, value)
 
-    return run_bounded(
+    staged = run_bounded(
         [(target.position, partial(job, target)) for target in targets],
         deadline=deadline,
         max_workers=max_workers,
         what=f"loading {layout.root}",
         consequence=NOTHING_RESTORED,
     )
+    if told is not None:
+        told.finish()
+    return staged
 
 
 def apply_all(

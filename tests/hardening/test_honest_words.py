@@ -100,3 +100,34 @@ def test_a_multi_part_save_and_load_each_log_one_line_like_a_checkpoint(
         assert str(tmp_path / "steps" / "step_3") in line
         assert "(2 parts and a controller): 1.0 MiB in " in line
         assert "MiB/s" in line
+
+
+def test_a_multi_part_save_and_load_report_progress_over_all_parts(tmp_path: Path) -> None:
+    from flyte_checkpoint.state import CheckpointManager
+
+    class Part:
+        def __init__(self, data: bytes = b"") -> None:
+            self.data = data
+
+        def state_dict(self) -> bytes:
+            return self.data
+
+        def load_state_dict(self, state: bytes) -> None:
+            self.data = state
+
+    saved: list[tuple[int, int | None]] = []
+    loaded: list[tuple[int, int | None]] = []
+    manager = CheckpointManager(tmp_path / "steps")
+    parts = [Part(os.urandom(3 * MiB)), Part(os.urandom(2 * MiB))]
+    manager.save(1, controller=None, parts=parts, progress=lambda done, total: saved.append((done, total)))
+    manager.load(
+        controller=None, parts=[Part(), Part()], progress=lambda done, total: loaded.append((done, total))
+    )
+    for told in (saved, loaded):
+        assert told, "no progress was reported"
+        done = [count for count, _ in told]
+        assert done == sorted(done)
+        total = told[-1][1]
+        assert total is not None
+        assert total > 5 * MiB  # both parts (each pickled a little larger than its bytes)
+        assert done[-1] == total

@@ -68,7 +68,7 @@ def test_a_part_whose_write_fails_fails_the_save_naming_it_and_keeping_the_error
 ) -> None:
     checkpoint_dir, previous = save_previous(any_store)
 
-    def write_refused_for_part_2(backend: Backend, uri: str, payload: Payload) -> Written:
+    def write_refused_for_part_2(backend: Backend, uri: str, payload: Payload, progress: object) -> Written:
         if uri.endswith("part-00002.bin"):
             raise CheckpointPermissionError(f"permission denied saving {uri}")
         return write_object(backend, uri, payload)
@@ -93,7 +93,7 @@ def test_a_part_whose_write_hangs_fails_the_save_at_its_timeout(
     checkpoint_dir, previous = save_previous(local_store)
     release = threading.Event()
 
-    def write_stuck_for_part_1(backend: Backend, uri: str, payload: Payload) -> Written:
+    def write_stuck_for_part_1(backend: Backend, uri: str, payload: Payload, progress: object) -> Written:
         if uri.endswith("part-00001.bin"):
             release.wait(10)
         return write_object(backend, uri, payload)
