@@ -62,9 +62,8 @@ def test_a_restore_out_of_space_names_the_checkpoint_and_tmpdir_not_save_again(t
         "    sys.exit(3)\n"
     )
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    result = subprocess.run(
-        [sys.executable, "-c", program, str(source)], capture_output=True, text=True, env=env
-    )
+    command = [sys.executable, "-c", program, str(source)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 3, result.stderr
     assert f"restoring {source}" in result.stdout
     assert f"TMPDIR ({tmp_path})" in result.stdout
