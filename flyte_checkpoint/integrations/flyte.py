@@ -85,6 +85,7 @@ from flyte_checkpoint.context import (
     unregister_context_provider,
 )
 from flyte_checkpoint.errors import ConfigurationError, Preempted, describe_error
+from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.preemption.notice import check_grace_seconds
 from flyte_checkpoint.runners.runtime import ended_on_preemption
@@ -266,6 +267,13 @@ def _preemptible(execute: _Execute) -> _Execute:
                 raise flyte.errors.RuntimeSystemError(
                     PREEMPTED_ERROR_CODE, describe_error(preempted)
                 ) from preempted
+            except Exception as failure:
+                current = notice.current_notice()
+                if current is None:
+                    raise
+                # After a notice a failure is the preemption's doing (see runners.runtime).
+                message = f"preempted by {current.describe()}; the attempt then failed with {failure!r}"
+                raise flyte.errors.RuntimeSystemError(PREEMPTED_ERROR_CODE, message) from failure
 
     return execute_preemptible
 

@@ -72,8 +72,9 @@ def _close_helper(context: TaskContext, leaving: BaseException | None = None) ->
 def _saves_accounted(context: TaskContext) -> Iterator[None]:
     """A ``Preempted`` leaving the block that does not know whether a save committed after the
     notice (the handler ended a task that did not handle it) is replaced by the account of the
-    attempt's helper, which does. Wrapped around the closing of the helper, so that a
-    background save that committed meanwhile counts."""
+    attempt's helper, which does; any other exception leaving it after a notice becomes such a
+    ``Preempted`` too. Wrapped around the closing of the helper, so that a background save that
+    committed meanwhile counts."""
     try:
         yield
     except Preempted as preempted:
@@ -82,6 +83,20 @@ def _saves_accounted(context: TaskContext) -> Iterator[None]:
         if nothing_to_add or not isinstance(helper, Checkpoint):
             raise
         raise helper.preemption() from preempted
+    except Exception as failure:
+        # After a notice the machine is going away: a failure then (the save at the notice
+        # refused for lack of time, a process the SIGTERM ended) is the preemption's doing, and
+        # counted as one, never against the user's retries. The failure is kept as the cause.
+        current = notice.current_notice()
+        if current is None:
+            raise
+        helper = context.data.get(CHECKPOINT_CACHE_KEY)
+        if isinstance(helper, Checkpoint):
+            ending = helper.preemption()
+        else:
+            ending = notice.preempted_exit(current, detail="no checkpoint helper was used", saved=False)
+        ending.message += f"; the attempt then failed with {type(failure).__name__}: {failure}"
+        raise ending from failure
 
 
 @contextlib.contextmanager

@@ -1,0 +1,43 @@
+"""A failure after a preemption notice is the preemption's doing: the runners count it as one."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint import Preempted, PreemptionDeadlineError, ctx, current_checkpoint, run_with_retries
+from flyte_checkpoint.preemption import notice
+
+
+def test_a_save_refused_at_the_notice_ends_the_attempt_as_preempted_not_failed(tmp_path: Path) -> None:
+    def task() -> str:
+        context = ctx()
+        assert context is not None
+        if context.attempt_number == 0:
+            notice.notify_signal(signal.SIGTERM, 30.0)
+            raise PreemptionDeadlineError("not saving: no time is left")
+        return "done"
+
+    assert run_with_retries(task, retries=0, preemption_retries=1, checkpoint_dir=tmp_path) == "done"
+
+
+def test_the_failure_after_the_notice_is_kept_as_the_cause_of_the_preemption(tmp_path: Path) -> None:
+    def task() -> None:
+        current_checkpoint().save_sync(b"step 1")
+        notice.notify_signal(signal.SIGTERM, 30.0)
+        raise ValueError("a worker the SIGTERM ended")
+
+    with pytest.raises(Preempted) as raised:
+        run_with_retries(task, retries=3, preemption_retries=0, checkpoint_dir=tmp_path)
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert "the attempt then failed with ValueError: a worker the SIGTERM ended" in str(raised.value)
+
+
+def test_a_failure_without_a_notice_still_counts_against_the_users_retries(tmp_path: Path) -> None:
+    def task() -> None:
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        run_with_retries(task, retries=0, checkpoint_dir=tmp_path)
