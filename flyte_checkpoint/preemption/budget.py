@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -14,6 +15,8 @@ from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import human_size
 
 _Kind = str  # "bytes", "file" or "directory"
+_REMEMBERED = 3
+"""Saves of each kind the estimate looks back on."""
 
 
 def _kind_and_size(content: bytes | Path) -> tuple[_Kind, int | None]:
@@ -31,17 +34,18 @@ def _kind_and_size(content: bytes | Path) -> tuple[_Kind, int | None]:
 
 
 class SaveBudget:
-    """The duration of this helper's last committed save of each kind, and when saves committed.
+    """The durations of this helper's last few committed saves of each kind, and when saves committed.
 
-    After a notice, :meth:`check_fits` refuses to start a save whose estimate (the last save of
-    the same kind, scaled by size where the size is known) does not fit before the save deadline:
+    After a notice, :meth:`check_fits` refuses to start a save whose estimate (the quickest of
+    the last few saves of the same kind, scaled by size where the size is known) does not fit
+    before the save deadline:
     starting it would only be cut off by the SIGKILL or by the save's own bound. A helper that
     never saved has nothing to go by, so its save is tried, bounded by the deadline.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: dict[_Kind, tuple[int | None, float]] = {}
+        self._recent: dict[_Kind, collections.deque[tuple[int | None, float]]] = {}
         self._last_commit: float | None = None
 
     @contextmanager
@@ -52,7 +56,9 @@ class SaveBudget:
         yield
         finished = time.monotonic()
         with self._lock:
-            self._last[kind] = (size, finished - started)
+            self._recent.setdefault(kind, collections.deque(maxlen=_REMEMBERED)).append(
+                (size, finished - started)
+            )
             self._last_commit = finished
 
     def committed_since(self, moment: float) -> bool:
@@ -64,14 +70,20 @@ class SaveBudget:
         """Seconds a save of ``content`` should take and what that is based on; ``None`` if unknown."""
         kind, size = _kind_and_size(content)
         with self._lock:
-            last = self._last.get(kind)
-        if last is None:
+            recent = list(self._recent.get(kind, ()))
+        if not recent:
             return None
-        last_size, seconds = last
-        if size is None or not last_size:
-            return seconds, f"the last {kind} save took {seconds:.1f} s"
-        scaled = seconds * size / last_size
-        return scaled, f"the last {kind} save moved {human_size(last_size)} in {seconds:.1f} s"
+        # The quickest of the last few: a process's first save is slower (connections, caches),
+        # and judging by it refused final saves that fitted.
+        estimates = [
+            (seconds if size is None or not earlier else seconds * size / earlier, earlier, seconds)
+            for earlier, seconds in recent
+        ]
+        estimate, earlier, seconds = min(estimates)
+        if size is None or not earlier:
+            return estimate, f"the quickest of the last {kind} saves took {seconds:.1f} s"
+        moved = human_size(earlier)
+        return estimate, f"the quickest of the last {kind} saves moved {moved} in {seconds:.1f} s"
 
     def check_fits(self, content: bytes | Path, uri: str) -> None:
         """Raise :class:`PreemptionDeadlineError` if a save of ``content`` cannot commit in time."""

@@ -73,8 +73,14 @@ def preempted_exit(current: PreemptionNotice, *, detail: str, saved: bool | None
 
 
 def safety_margin(grace_seconds: float) -> float:
-    """A tenth of the grace period, between 0.5 and 5 seconds (never more than half of it)."""
-    return min(grace_seconds / 2, max(0.5, min(5.0, grace_seconds / 10)))
+    """A tenth of the grace period, between 0.05 and 5 seconds, never more than a quarter of it.
+
+    The time kept for the process to report and exit after its last save (raising, closing,
+    interpreter exit: tens of milliseconds). A save that commits after the margin began is still
+    sound; only a larger margin costs, in saves refused for lack of time: a 0.5 s floor refused
+    the final save under a one-second grace period half the time (benchmarks/preemption.py).
+    """
+    return min(grace_seconds / 4, max(0.05, min(5.0, grace_seconds / 10)))
 
 
 def grace_seconds_from_env(default: float = DEFAULT_GRACE_SECONDS) -> float:
@@ -166,7 +172,10 @@ def save_ceiling() -> Ceiling | None:
     notice = _notice
     if notice is None:
         return None
-    reason = f"the preemption deadline ({notice.describe()})"
+    reason = (
+        f"the save deadline of the {notice.source} preemption notice ({notice.margin:.2f} s before "
+        f"the SIGKILL expected {notice.grace_seconds:.1f} s after the notice)"
+    )
     return Ceiling(notice.deadline - notice.margin, reason, PreemptionDeadlineError)
 
 

@@ -83,8 +83,9 @@ class Ceiling(NamedTuple):
 
     def error(self, action: str, uri: str) -> CheckpointTimeoutError:
         return self.error_type(
-            f"{action} {uri} was stopped: it could not finish before {self.reason}; nothing of it "
-            "was committed, and the previous checkpoint is kept"
+            f"{action} {uri} was stopped: it could not finish before {self.reason}; the previous "
+            "checkpoint is kept, unless the store had already received the whole object (a single "
+            "request already sent completes on the store's side)"
         )
 
 

@@ -117,7 +117,7 @@ def test_a_save_estimated_not_to_fit_in_the_time_left_is_not_started_and_the_old
     source = slow_directory(tmp_path / "state")
     helper.save_sync(source, progress=crawl)  # measured: about a second
     before = target.read_bytes()
-    notice.notify_signal(signal.SIGTERM, 1.0)  # 0.5 s to the save deadline
+    notice.notify_signal(signal.SIGTERM, 0.5)  # 0.45 s to the save deadline
     with pytest.raises(PreemptionDeadlineError, match="estimated at"):
         helper.save_sync(source)
     assert target.read_bytes() == before
@@ -129,8 +129,8 @@ def test_a_save_after_a_notice_that_runs_past_the_deadline_is_stopped_and_the_ol
     target = tmp_path / "ckpt"
     helper = Checkpoint(target)
     helper.save_sync(b"previous")
-    notice.notify_signal(signal.SIGTERM, 1.0)  # never measured a directory save: it is tried
-    with pytest.raises(PreemptionDeadlineError, match="preemption deadline"):
+    notice.notify_signal(signal.SIGTERM, 0.5)  # never measured a directory save: it is tried
+    with pytest.raises(PreemptionDeadlineError, match="save deadline of the SIGTERM preemption notice"):
         helper.save_sync(slow_directory(tmp_path / "state"), progress=crawl)
     assert target.read_bytes() == b"previous"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")] == []
@@ -142,7 +142,7 @@ def test_a_save_to_s3_after_a_notice_is_bounded_by_the_time_left(
     uri = f"s3://{create_bucket(s3_server)}/ckpt"
     helper = Checkpoint(uri, storage_options=s3_server.storage_options)
     helper.save_sync(b"previous")
-    notice.notify_signal(signal.SIGTERM, 1.0)
+    notice.notify_signal(signal.SIGTERM, 0.5)
     with pytest.raises(PreemptionDeadlineError):
         helper.save_sync(slow_directory(tmp_path / "state", files=40), progress=crawl)
     notice.clear()

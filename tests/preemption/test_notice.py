@@ -58,7 +58,9 @@ def test_saves_must_finish_a_safety_margin_before_the_expected_sigkill() -> None
     deadline = notice.save_deadline()
     assert deadline is not None
     assert recorded.deadline - deadline == pytest.approx(3.0)
-    assert notice.safety_margin(2.0) == 0.5
+    assert notice.safety_margin(2.0) == pytest.approx(0.2)
+    assert notice.safety_margin(0.3) == pytest.approx(0.05)
+    assert notice.safety_margin(0.1) == pytest.approx(0.025)  # never more than a quarter
     assert notice.safety_margin(600.0) == 5.0
 
 
