@@ -64,6 +64,7 @@ from typing import Any, TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _preemption_trainer as trainer  # next to this file; stdlib-only at module level
 import compare
+import netshape
 import s3server
 
 HERE = Path(__file__).resolve().parent
@@ -72,6 +73,9 @@ START_TIMEOUT_S = 120.0
 POLL_S = 0.005
 MIN_PREEMPTIONS = 50
 """The targets' "at least 50 preemptions per configuration"."""
+STALL_LIMIT = 15
+"""A run whose attempts resume no later than the one before this many times in a row is given
+up as a preemption loop that never progresses."""
 TARGET_GRACE = 2.0
 """The targets' "G at least twice the save's duration": checked at every factor from this one up."""
 
@@ -110,8 +114,8 @@ class Scale:
 
 
 SCALES = {
-    "local": Scale(step_s=0.02, every=10, extra_mib=32, run_steps=150, delay_s=(0.1, 1.0)),
-    "s3": Scale(step_s=0.05, every=20, extra_mib=4, run_steps=160, delay_s=(0.2, 2.4)),
+    "local": Scale(step_s=0.02, every=10, extra_mib=16, run_steps=100, delay_s=(0.2, 1.5)),
+    "s3": Scale(step_s=0.05, every=20, extra_mib=4, run_steps=120, delay_s=(0.3, 2.5)),
 }
 QUICK_SCALES = {
     "local": Scale(step_s=0.01, every=5, extra_mib=1, run_steps=30, delay_s=(0.05, 0.3)),
@@ -120,9 +124,43 @@ QUICK_SCALES = {
 
 
 @dataclass(frozen=True)
+class Grace:
+    """A grace period as a multiple of the save's duration, optionally counted after the margin."""
+
+    factor: float
+    after_margin: bool = False
+    """G is then the shortest period whose part before the notice's margin is ``factor`` saves
+    plus one step (the step under way when the SIGTERM comes): twice the save, to save in."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.factor:g}x" + ("+margin" if self.after_margin else "")
+
+    def seconds(self, save_s: float, step_s: float) -> float:
+        if not self.after_margin:
+            return round(self.factor * save_s, 3)
+        from flyte_checkpoint.preemption.notice import safety_margin
+
+        wanted = self.factor * save_s + step_s
+        low, high = wanted, 2 * wanted + 1.0  # the margin is at most half of G
+        while high - low > 1e-4:
+            middle = (low + high) / 2
+            low, high = (low, middle) if middle - safety_margin(middle) >= wanted else (middle, high)
+        return round(high, 3)
+
+    @classmethod
+    def parse(cls, text: str) -> Grace:
+        number, plus, rest = text.strip().removesuffix("x").partition("+")
+        if plus and rest.strip().removeprefix("x") != "margin":
+            raise ValueError(text)
+        return cls(float(number.removesuffix("x")), after_margin=bool(plus))
+
+
+@dataclass(frozen=True)
 class Config:
     storage: str
     variant: str
+    grace_label: str
     grace_factor: float
     grace_s: float
     save_s: float
@@ -136,11 +174,11 @@ class Config:
 
     @property
     def name(self) -> str:
-        return f"{self.storage}/{self.variant}/G={self.grace_factor:g}x"
+        return f"{self.storage}/{self.variant}/G={self.grace_label}"
 
     @property
     def key(self) -> str:
-        return self.name.replace("/", "-").replace("=", "")
+        return self.name.replace("/", "-").replace("=", "").replace("+", "-plus-")
 
 
 @dataclass
@@ -175,6 +213,10 @@ class Preemption:
     exit_code: int | None
     exit_after_s: float
     exception: str | None
+    at_exit: Peek | None = None
+    """The stored checkpoint right after the process ended."""
+    late_commit: bool = False
+    """A save committed after the process had ended (its bytes were still on their way)."""
     resumed: int = 0
     verdict: str = "?"
     detail: str = ""
@@ -268,6 +310,7 @@ class ConfigResult:
                 verdict: sum(1 for p in self.preemptions if p.verdict == verdict) for verdict in BAD_VERDICTS
             },
             "exited_by_itself": self.count(lambda p: p.exit != "SIGKILL"),
+            "late_commits": self.count(lambda p: p.late_commit),
             "wasted_s_total": sum(p.wasted_s for p in self.preemptions),
             "wasted_s_mean": statistics.mean(p.wasted_s for p in self.preemptions)
             if self.preemptions
@@ -321,6 +364,8 @@ class Store:
     """What ours is given to reach the store."""
     env: dict[str, str] = {}  # noqa: RUF012 - replaced per instance, never mutated
     """The environment the reference reads its storage configuration from."""
+    settle_s = 0.0
+    """How long bytes a process sent can still be on their way after it ended."""
 
     def uri(self, key: str) -> str:
         raise NotImplementedError
@@ -372,8 +417,16 @@ class S3Store(Store):
 
     name = "s3"
 
-    def __init__(self, server: s3server.S3Server, proxy_endpoint: str) -> None:
+    def __init__(
+        self, server: s3server.S3Server, proxy_endpoint: str, rate_mib: float, rtt_ms: float
+    ) -> None:
         import boto3  # type: ignore[import-untyped]
+
+        # What the proxy holds for a connection (like a client's TCP send buffer) drains at the
+        # line's rate after the client is gone: a request sent whole can still commit then.
+        self.settle_s = (
+            netshape.QUEUE_CHUNKS * netshape.READ_BYTES / (rate_mib * netshape.MIB) + rtt_ms / 1000 + 0.1
+        )
 
         self.bucket = server.bucket
         self.client = boto3.client(
@@ -556,8 +609,8 @@ class Supervisor:
         self.processes = processes
         self.work = work / config.key
         self.wanted = preemptions
-        self.cap = preemptions + max(3, min(10, preemptions // 5))
-        """Preemptions after which an unfinished last run is given up (it is not progressing)."""
+        self.cap = 2 * preemptions
+        """Preemptions after which an unfinished last run is given up, progressing or not."""
         self.baseline_digest = baseline_digest
         self.rng = random.Random(f"{seed}/{config.name}")
         self.result = ConfigResult(config)
@@ -567,9 +620,9 @@ class Supervisor:
         try:
             while len(self.result.preemptions) < self.wanted:
                 self.result.runs.append(self._run(len(self.result.runs)))
-        except HarnessError as exc:
-            self.result.error = str(exc)
-            log(f"{self.config.name}: FAILED: {exc}")
+        except Exception as exc:  # reported with the figures so far; the other configurations go on
+            self.result.error = f"{type(exc).__name__}: {exc}"
+            log(f"{self.config.name}: FAILED: {self.result.error}")
         self.result.wall_s = time.monotonic() - started
         return self.result
 
@@ -584,8 +637,10 @@ class Supervisor:
             number = len(attempts)
             staged = None
             if number:
+                if attempts[-1].preemption is not None:
+                    time.sleep(self.store.settle_s)  # a kubelet restarts a pod seconds later
                 staged = self.store.peek(prev) if self.store.stage(dest, prev) else Peek("none")
-            give_up = len(self.result.preemptions) >= self.cap
+            give_up = len(self.result.preemptions) >= self.cap or stall >= STALL_LIMIT
             record = self._attempt(index, number, dest, prev_uri if number else None, staged, give_up)
             if attempts:
                 previous = attempts[-1]
@@ -662,6 +717,7 @@ class Supervisor:
             self.result.preemptions.remove(preemption)
             record.preemption = preemption = None
         if preemption is not None:
+            preemption.at_exit = self.store.peek(dest)
             preemption.steps_done = record.last_step()
             exception = record.first("exception")
             preemption.exception = None if exception is None else exception["kind"]
@@ -730,6 +786,10 @@ class Supervisor:
         preemption.verdict = resumed["verdict"]
         preemption.detail = resumed.get("detail", "")
         staged = following.staged
+        at_exit = preemption.at_exit
+        preemption.late_commit = (
+            staged is not None and at_exit is not None and _committed(staged) != _committed(at_exit)
+        )
         if preemption.verdict == "none" and staged is not None and staged.status != "none":
             preemption.verdict = "unreadable"
             preemption.detail = "a checkpoint was staged, and the helper loaded none"
@@ -805,18 +865,15 @@ def baseline_digest(processes: Processes, scale: Scale, work: Path) -> str:
     return digest
 
 
-def configurations(storage: str, save_s: float, args: argparse.Namespace) -> list[Config]:
+def configurations(storage: str, save_s: float, scale: Scale, args: argparse.Namespace) -> list[Config]:
     configs = []
     for variant in VARIANTS:
         # The reference dies at SIGTERM (no handler), so G cannot change its outcome: one run.
-        factors = [_reference_factor(args.grace)] if variant == "reference" else args.grace
-        for factor in factors:
-            configs.append(Config(storage, variant, factor, round(factor * save_s, 3), save_s))
+        graces = [args.grace[0]] if variant == "reference" else args.grace
+        for grace in graces:
+            seconds = grace.seconds(save_s, scale.step_s)
+            configs.append(Config(storage, variant, grace.label, grace.factor, seconds, save_s))
     return [c for c in configs if any(fnmatch.fnmatch(c.name, pattern) for pattern in args.only)]
-
-
-def _reference_factor(factors: list[float]) -> float:
-    return min((f for f in factors if f >= TARGET_GRACE), default=max(factors))
 
 
 def cold_start_s() -> float:
@@ -850,7 +907,7 @@ def evaluate(results: list[ConfigResult], args: argparse.Namespace) -> list[Chec
     for storage in storages:
         mine = [r for r in results if r.config.storage == storage]
         long = [r for r in mine if r.config.grace_factor >= TARGET_GRACE and r.config.variant != "reference"]
-        short = [r for r in mine if r.config.grace_factor < 1 and r.config.variant != "reference"]
+        short = [r for r in mine if r.config.grace_s < r.config.save_s and r.config.variant != "reference"]
         for result in long:
             n = len(result.preemptions)
             if result.config.variant == "oneline":
@@ -947,8 +1004,9 @@ def _in_hand(preemption: Preemption) -> str:
 def print_preemptions(result: ConfigResult, out: TextIO) -> None:
     config = result.config
     print(
-        f"\n{config.name} ({LABELS[config.variant]}, G = {config.grace_s:.3f} s = {config.grace_factor:g} x "
-        f"the {config.save_s:.3f} s save; the notice keeps {config.margin_s:.3f} s of it free to exit, so "
+        f"\n{config.name} ({LABELS[config.variant]}, G = {config.grace_s:.3f} s = "
+        f"{config.grace_s / config.save_s:.2f} x the {config.save_s:.3f} s save; the notice keeps "
+        f"{config.margin_s:.3f} s of it free to exit, so "
         f"saves must commit within {config.grace_s - config.margin_s:.3f} s of the SIGTERM)",
         file=out,
     )
@@ -960,7 +1018,8 @@ def print_preemptions(result: ConfigResult, out: TextIO) -> None:
             _in_hand(p),
             str(p.steps_done),
             f"{p.exit} {'at' if p.exit == 'SIGKILL' else 'after'} {p.exit_after_s:.2f} s"
-            + (f" ({p.exception})" if p.exception else ""),
+            + (f" ({p.exception})" if p.exception else "")
+            + (f"; {p.resumed} committed after it ended" if p.late_commit else ""),
             str(p.resumed),
             p.verdict,
             str(p.steps_lost),
@@ -1008,6 +1067,7 @@ def print_summary(results: list[ConfigResult], out: TextIO) -> None:
                 _ratio(s["previous_survived"], s["preemptions"]),
                 f"{bad['corrupt']}/{bad['mixed']}/{bad['unreadable']}",
                 f"{s['exited_by_itself']}/{s['preemptions']}",
+                str(s["late_commits"]),
                 f"{s['wasted_s_total']:.1f} / {_fmt(s['wasted_s_mean'])}",
                 _fmt(s["restart_s_median"], 3),
                 f"{s['runs_finished']}/{s['runs_started']}",
@@ -1029,6 +1089,7 @@ def print_summary(results: list[ConfigResult], out: TextIO) -> None:
             "previous kept",
             "corrupt/mixed/unreadable",
             "exited before SIGKILL",
+            "committed after exit",
             "wasted s tot/mean",
             "restart s",
             "runs finished",
@@ -1063,12 +1124,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 preemptions each, tiny state")
     parser.add_argument(
         "--grace",
-        default="2,4,0.5",
-        help="grace periods as multiples of the save's duration (default 2,4,0.5: the targets' 'at least "
-        "twice', twice with room for the margin the notice keeps, and shorter than one save)",
+        default="2x,2x+margin,0.5x",
+        help="grace periods as multiples of the save's duration; 'Nx+margin' is N saves and a step "
+        "before the margin the notice keeps free (default 2x,2x+margin,0.5x: the targets' 'at least "
+        "twice', twice to save in, and shorter than one save; the reference runs at the first)",
     )
     parser.add_argument("--only", default="*", help="configuration names (globs), e.g. 's3/oneline/*'")
-    parser.add_argument("--parallel", type=int, default=3, help="configurations run at once (default 3)")
+    parser.add_argument("--parallel", type=int, default=4, help="configurations run at once (default 4)")
     parser.add_argument("--calibration-saves", type=int, help="blocking saves timed per storage (5)")
     parser.add_argument("--rate-mib", type=float, default=8.0, help="S3: MiB/s per connection and direction")
     parser.add_argument("--rtt-ms", type=float, default=20.0, help="S3: added round-trip time (default 20)")
@@ -1087,11 +1149,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.calibration_saves is None:
         args.calibration_saves = 2 if args.quick else 5
     try:
-        args.grace = [float(factor) for factor in args.grace.split(",") if factor]
+        args.grace = [Grace.parse(item) for item in args.grace.split(",") if item.strip()]
     except ValueError:
-        parser.error(f"--grace takes numbers, e.g. 2,4,0.5; got {args.grace!r}")
-    if not args.grace or min(args.grace) <= 0:
-        parser.error("--grace needs at least one factor, each above 0")
+        parser.error(f"--grace takes multiples like 2x, 2x+margin, 0.5x; got {args.grace!r}")
+    if not args.grace or min(grace.factor for grace in args.grace) <= 0:
+        parser.error("--grace needs at least one multiple, each above 0")
     if args.preemptions < 1 or args.parallel < 1 or args.calibration_saves < 1:
         parser.error("--preemptions, --parallel and --calibration-saves must be positive")
     return args
@@ -1144,54 +1206,24 @@ def _main(args: argparse.Namespace, run_dir: Path, processes: Processes, out: Te
         "forked from a server that did it once, so the restarts below exclude it",
         file=out,
     )
-    results: list[ConfigResult] = []
     storages: dict[str, Any] = {}
-    for storage in args.storage:
-        with _store(storage, args, run_dir) as store:
+    with contextlib.ExitStack() as servers:
+        supervisors: list[Supervisor] = []
+        for storage in args.storage:
+            store = servers.enter_context(_store(storage, args, run_dir))
             if store is None:
                 storages[storage] = {"skipped": True}
                 continue
-            scale = scales[storage]
-            work = run_dir / storage
-            ours = calibrate(processes, store, scale, work, "oneline", args.calibration_saves)
-            reference = calibrate(processes, store, scale, work, "reference", args.calibration_saves)
-            save_s = statistics.median(ours)
-            digest = baseline_digest(processes, scale, work)
-            configs = configurations(storage, save_s, args)
-            storages[storage] = {
-                "scale": asdict(scale),
-                "save_s": save_s,
-                "calibration_ours_s": ours,
-                "calibration_reference_s": reference,
-                "configurations": [c.name for c in configs],
-            }
-            print(
-                f"\n{storage}: step {scale.step_s * 1000:.0f} ms, save every {scale.every} steps, "
-                f"{scale.extra_mib:g} MiB of extra state (+{_model_mib():.1f} MiB model and optimizer), "
-                f"{scale.run_steps} steps per run, SIGTERM {scale.delay_s[0]:g}-{scale.delay_s[1]:g} s after "
-                f"an attempt resumed training; {args.preemptions} preemptions per configuration"
-                + (
-                    f"; S3 through netshape, {args.rate_mib:g} MiB/s per connection, {args.rtt_ms:g} ms RTT"
-                    if storage == "s3"
-                    else ""
-                ),
-                file=out,
-            )
-            print(
-                f"  save (state written + blocking save_sync), median of {len(ours)}: ours {save_s:.3f} s, "
-                f"reference {statistics.median(reference):.3f} s; G = "
-                + ", ".join(f"{f:g} x = {f * save_s:.3f} s" for f in args.grace),
-                file=out,
-            )
-            supervisors = [
-                Supervisor(c, scale, store, processes, work, args.preemptions, digest, args.seed)
-                for c in configs
-            ]
-            with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-                done = list(pool.map(Supervisor.run, supervisors))
-            for result in done:
-                print_preemptions(result, out)
-            results.extend(done)
+            setup = prepare(store, scales[storage], processes, run_dir / storage, args, out)
+            storages[storage] = setup.report
+            supervisors.extend(setup.supervisors)
+        # The longest first (S3's restarts cost seconds), so none of them is left to run alone.
+        order = sorted(supervisors, key=lambda s: (s.config.storage != "s3", s.config.variant == "reference"))
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            done = dict(zip(order, pool.map(Supervisor.run, order), strict=True))
+    results = [done[supervisor] for supervisor in supervisors]
+    for result in results:
+        print_preemptions(result, out)
     print_summary(results, out)
     checks = evaluate(results, args)
     ranks = None if args.no_ranks else run_ranks(args, out)
@@ -1210,7 +1242,7 @@ def _main(args: argparse.Namespace, run_dir: Path, processes: Processes, out: Te
         "config": {
             "quick": args.quick,
             "preemptions": args.preemptions,
-            "grace_factors": args.grace,
+            "grace": [grace.label for grace in args.grace],
             "rate_mib": args.rate_mib,
             "rtt_ms": args.rtt_ms,
             "seed": args.seed,
@@ -1224,6 +1256,52 @@ def _main(args: argparse.Namespace, run_dir: Path, processes: Processes, out: Te
     if args.json:
         print(json.dumps(report, indent=2))
     return 1 if any(result.error for result in results) else 0
+
+
+@dataclass
+class Setup:
+    supervisors: list[Supervisor]
+    report: dict[str, Any]
+
+
+def prepare(
+    store: Store, scale: Scale, processes: Processes, work: Path, args: argparse.Namespace, out: TextIO
+) -> Setup:
+    """Time the save on ``store``, compute the uninterrupted run's model, and plan the configurations."""
+    ours = calibrate(processes, store, scale, work, "oneline", args.calibration_saves)
+    reference = calibrate(processes, store, scale, work, "reference", args.calibration_saves)
+    save_s = statistics.median(ours)
+    digest = baseline_digest(processes, scale, work)
+    configs = configurations(store.name, save_s, scale, args)
+    network = (
+        f"; S3 through netshape, {args.rate_mib:g} MiB/s per connection, {args.rtt_ms:g} ms RTT"
+        if store.name == "s3"
+        else ""
+    )
+    print(
+        f"\n{store.name}: step {scale.step_s * 1000:.0f} ms, save every {scale.every} steps, "
+        f"{scale.extra_mib:g} MiB of extra state (+{_model_mib():.1f} MiB model and optimizer), "
+        f"{scale.run_steps} steps per run, SIGTERM {scale.delay_s[0]:g}-{scale.delay_s[1]:g} s after "
+        f"an attempt resumed training; {args.preemptions} preemptions per configuration{network}",
+        file=out,
+    )
+    print(
+        f"  save (state written + blocking save_sync), median of {len(ours)}: ours {save_s:.3f} s, "
+        f"reference {statistics.median(reference):.3f} s; G = "
+        + ", ".join(f"{g.label} = {g.seconds(save_s, scale.step_s):.3f} s" for g in args.grace),
+        file=out,
+    )
+    supervisors = [
+        Supervisor(c, scale, store, processes, work, args.preemptions, digest, args.seed) for c in configs
+    ]
+    report = {
+        "scale": asdict(scale),
+        "save_s": save_s,
+        "calibration_ours_s": ours,
+        "calibration_reference_s": reference,
+        "configurations": [c.name for c in configs],
+    }
+    return Setup(supervisors, report)
 
 
 def _model_mib() -> float:
@@ -1251,7 +1329,7 @@ def _store(storage: str, args: argparse.Namespace, run_dir: Path) -> Iterator[St
         s3server.running("s3rver", bucket, args.install_server, logs) as server,
         shaped_proxy(server.port, args.rate_mib, args.rtt_ms, logs) as endpoint,
     ):
-        yield S3Store(server, endpoint)
+        yield S3Store(server, endpoint, args.rate_mib, args.rtt_ms)
 
 
 def run_ranks(args: argparse.Namespace, out: TextIO) -> dict[str, Any] | None:

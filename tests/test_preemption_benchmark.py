@@ -20,10 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "preemption.py"
 CONFIGURATIONS = {
     "local/oneline/G=2x",
-    "local/oneline/G=4x",
+    "local/oneline/G=2x+margin",
     "local/oneline/G=0.5x",
     "local/nochange/G=2x",
-    "local/nochange/G=4x",
+    "local/nochange/G=2x+margin",
     "local/nochange/G=0.5x",
     "local/reference/G=2x",
 }
