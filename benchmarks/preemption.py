@@ -25,11 +25,12 @@ behind ``netshape.py``: 8 MiB/s per connection, 20 ms round trip):
   no preemption handling, so SIGTERM's default action ends it.
 
 G is a multiple of the save's duration, measured first on the same storage (writing the state
-directory plus ours' blocking ``save_sync``): twice it (the targets' "at least twice") and half
-of it (shorter than one save). Every restored state is verified (``0-meta.json``, ``model.pt``
-and each extra file must name the same step, and the extra files' digest must match the one
-recorded in both), and every finished run's final model must be bit-equal to an uninterrupted
-run's. ``benchmarks/README.md`` ("Preemption") explains the figures.
+directory plus ours' blocking ``save_sync``): twice it (the targets' "at least twice"), the
+shortest G that leaves two saves and a step before the margin the notice keeps free to exit
+(``2x+margin``), and half of it (shorter than one save). Every restored state is verified
+(``0-meta.json``, ``model.pt`` and each extra file must name the same step, and the extra files'
+digest must match the one recorded in both), and every finished run's final model must be
+bit-equal to an uninterrupted run's. ``benchmarks/README.md`` ("Preemption") explains the figures.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ import _preemption_trainer as trainer  # next to this file; stdlib-only at modul
 import compare
 import netshape
 import s3server
+from _targets import Check, print_targets
 
 HERE = Path(__file__).resolve().parent
 PEEK_BYTES = 64 * 1024
@@ -889,14 +891,6 @@ def cold_start_s() -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Check:
-    name: str
-    value: str
-    threshold: str
-    met: bool | None
-
-
 def _ratio(count: int, total: int) -> str:
     return f"{count}/{total}" + (f" ({count / total:.0%})" if total else "")
 
@@ -989,10 +983,6 @@ def evaluate(results: list[ConfigResult], args: argparse.Namespace) -> list[Chec
 
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _met(met: bool | None) -> str:
-    return {True: "met", False: "NOT MET", None: "-"}[met]
 
 
 def _in_hand(preemption: Preemption) -> str:
@@ -1099,17 +1089,6 @@ def print_summary(results: list[ConfigResult], out: TextIO) -> None:
         ],
         out,
     )
-
-
-def print_targets(checks: list[Check], out: TextIO) -> None:
-    print("\ntargets (issue 21)", file=out)
-    compare._table(
-        [[c.name, c.value, c.threshold, _met(c.met)] for c in checks],
-        ["target", "value", "threshold", "met?"],
-        out,
-    )
-    failed = [c for c in checks if c.met is False]
-    print(f"\n{len(failed)} target(s) NOT met", file=out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1229,7 +1208,7 @@ def _main(args: argparse.Namespace, run_dir: Path, processes: Processes, out: Te
     ranks = None if args.no_ranks else run_ranks(args, out)
     if ranks is not None:
         checks.extend(ranks["checks"])
-    print_targets(checks, out)
+    print_targets(checks, "targets (issue 21)", out)
     print(
         f"\ntotal wall time {time.monotonic() - started:.0f} s; "
         f"load average at the end {os.getloadavg()[0]:.2f}",
