@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # next to this file
 import netshape
 import s3server
+from _targets import Check, print_targets
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -301,14 +302,6 @@ def measure_ceiling(runner: compare.Runner, target: Target, data: compare.Datase
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Check:
-    name: str
-    value: str
-    threshold: str
-    met: bool | None
-
-
 def _find(results: list[Result], op: str, client: str) -> Result | None:
     for result in results:
         if result.op == op and result.client == client and not result.error and result.runs:
@@ -378,16 +371,12 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _met(met: bool | None) -> str:
-    return {True: "met", False: "NOT MET", None: "-"}[met]
-
-
 def print_report(report: dict[str, Any], results: list[Result], checks: list[Check], out: TextIO) -> None:
     if results:
         _print_results(report, results, out)
     _print_ceiling(report, out)
     if results:
-        _print_targets(checks, out)
+        print_targets(checks, "targets (issue 12)", out)
     machine, load = report["machine"], report["load_average"]
     print(
         f"\nmachine: {machine['cpu']}, {machine['nproc']} CPUs, {machine['memory']}, Linux "
@@ -466,17 +455,6 @@ def _print_ceiling(report: dict[str, Any], out: TextIO) -> None:
             f"{ceiling['complete_s'] * 1000:.0f} ms, ranged GET {ceiling['download_mib_s']:.0f} MiB/s",
             file=out,
         )
-
-
-def _print_targets(checks: list[Check], out: TextIO) -> None:
-    print("\ntargets (issue 12)", file=out)
-    compare._table(
-        [[c.name, c.value, c.threshold, _met(c.met)] for c in checks],
-        ["target", "value", "threshold", "met?"],
-        out,
-    )
-    failed = [c for c in checks if c.met is False]
-    print(f"\n{len(failed)} target(s) not met", file=out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 // s3rver for benchmarks/objectstore.py: `node serve.js PORT DIRECTORY BUCKET`.
 //
 // s3rver keeps objects as plain files and streams ranged GETs from them, so unlike moto a
-// range costs what it transfers. Two things are made to behave as on S3: If-Match on GET and
-// HEAD (412 when the ETag differs), so pinned ranged loads fail on a replaced object, and
-// CompleteMultipartUpload, which S3 finishes without re-reading the whole object.
+// range costs what it transfers. Three things are made to behave as on S3: If-Match on GET and
+// HEAD (412 when the ETag differs), so pinned ranged loads fail on a replaced object,
+// CompleteMultipartUpload, which S3 finishes without re-reading the whole object, and
+// PutObject, which S3 commits whole or not at all.
 const S3rver = require('s3rver');
 
 const [port, directory, bucket] = process.argv.slice(2);
@@ -58,7 +59,8 @@ const crypto = require('crypto');
 const fs = require('fs');
 const fsp = require('fs/promises');
 const path = require('path');
-const { Readable } = require('stream');
+const { Readable, Transform } = require('stream');
+const { pipeline } = require('stream/promises');
 const S3Error = require('s3rver/lib/models/error');
 const S3Object = require('s3rver/lib/models/object');
 
@@ -160,11 +162,48 @@ store.getObject = async function getPartsOrObject(bucket, key, options) {
   return object;
 };
 
-const putObject = store.putObject.bind(store);
-store.putObject = async function putObjectReplacingParts(object) {
-  const result = await putObject(object);
+// PutObject as S3 does it: all or nothing. s3rver's own truncates the object's file and streams
+// the request body into it, so a client that dies mid-upload (benchmarks/preemption.py kills
+// them on purpose) leaves a truncated object where the previous one was, which S3 never does.
+// Here the body goes to a temporary file beside the object, renamed over it only once all of it
+// (Content-Length bytes) arrived; an aborted request removes it and the previous object stays.
+store.putObject = async function putObjectAtomically(object) {
+  const objectPath = this.getResourcePath(object.bucket, object.key, 'object');
+  await fsp.mkdir(path.dirname(objectPath), { recursive: true });
+  const staged = `${objectPath}.${crypto.randomBytes(8).toString('hex')}.uploading`;
+  const md5Context = crypto.createHash('md5');
+  let size = 0;
+  try {
+    if (Buffer.isBuffer(object.content)) {
+      await fsp.writeFile(staged, object.content);
+      md5Context.update(object.content);
+      size = object.content.length;
+    } else {
+      const count = new Transform({
+        transform(chunk, encoding, callback) {
+          md5Context.update(chunk);
+          size += chunk.length;
+          callback(null, chunk);
+        },
+      });
+      await pipeline(object.content, count, fs.createWriteStream(staged));
+    }
+    const expected = object.metadata['content-length'];
+    if (expected !== undefined && Number(expected) !== size) {
+      throw new S3Error(
+        'IncompleteBody',
+        'You did not provide the number of bytes specified by the Content-Length HTTP header.',
+      );
+    }
+  } catch (err) {
+    await fsp.rm(staged, { force: true });
+    throw err;
+  }
+  const md5 = md5Context.digest('hex');
+  await fsp.rename(staged, objectPath);
+  await this.putMetadata(object.bucket, object.key, object.metadata, md5);
   await dropParts(object.bucket, object.key);
-  return result;
+  return { size, md5 };
 };
 
 const deleteObject = store.deleteObject.bind(store);

@@ -1,0 +1,1338 @@
+"""Preemption, measured: a training process under a supervisor that acts like the kubelet.
+
+    python benchmarks/preemption.py                      # local disk and shaped S3, 50 per configuration
+    python benchmarks/preemption.py --storage local      # local disk only
+    python benchmarks/preemption.py --quick --json       # the smoke test's run: a few preemptions, tiny state
+
+The job (``_preemption_trainer.py``) trains a small torch model and saves its state directory
+(model, optimizer and ``--extra-mib`` MiB of further state) every K steps. The supervisor starts
+it as attempt 1, sends SIGTERM at a random instant after it resumed training, sends SIGKILL once
+the grace period G has passed, copies the attempt's checkpoint to the previous-checkpoint
+location (as ``run_with_retries`` stages it: one destination, copied to ``prev_checkpoint``
+before every retry) and starts the next attempt, until an attempt reaches the run's final step.
+Each attempt is a fresh process, forked from a server that has torch and both checkpoint
+libraries imported (so a restart costs milliseconds, not the two seconds of imports; that cost
+is printed once, not counted in the wasted time).
+
+Three ways to use a checkpoint, each under every grace period, on local disk and on S3 (s3rver
+behind ``netshape.py``: 8 MiB/s per connection, 20 ms round trip):
+
+* ours, the one-line change: the documented loop (background saves every K steps; after the
+  notice one blocking save of the newest state, then ``raise checkpoint.preemption()``);
+* ours, no code change: background saves every K steps, ``install_preemption_handler()`` at the
+  top as the runners do, nothing else;
+* the reference SDK, ``flyte.Checkpoint`` (flyte 2.12.1): a blocking save every K steps; it has
+  no preemption handling, so SIGTERM's default action ends it.
+
+G is a multiple of the save's duration, measured first on the same storage (writing the state
+directory plus ours' blocking ``save_sync``): twice it (the targets' "at least twice"), the
+shortest G that leaves two saves and a step before the margin the notice keeps free to exit
+(``2x+margin``), and half of it (shorter than one save). Every restored state is verified
+(``0-meta.json``, ``model.pt`` and each extra file must name the same step, and the extra files'
+digest must match the one recorded in both), and every finished run's final model must be
+bit-equal to an uninterrupted run's. ``benchmarks/README.md`` ("Preemption") explains the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fnmatch
+import importlib
+import io
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, TextIO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _preemption_trainer as trainer  # next to this file; stdlib-only at module level
+import compare
+import netshape
+import s3server
+from _targets import Check, print_targets
+
+HERE = Path(__file__).resolve().parent
+PEEK_BYTES = 64 * 1024
+START_TIMEOUT_S = 120.0
+POLL_S = 0.005
+MIN_PREEMPTIONS = 50
+"""The targets' "at least 50 preemptions per configuration"."""
+STALL_LIMIT = 15
+"""A run whose attempts resume no later than the one before this many times in a row is given
+up as a preemption loop that never progresses."""
+TARGET_GRACE = 2.0
+"""The targets' "G at least twice the save's duration": checked at every factor from this one up."""
+
+VARIANTS = ("oneline", "nochange", "reference")
+LABELS = {
+    "oneline": "ours, one-line change",
+    "nochange": "ours, no code change",
+    "reference": "reference flyte 2.12.1",
+}
+BAD_VERDICTS = ("corrupt", "mixed", "unreadable")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class HarnessError(RuntimeError):
+    """The harness itself failed (an attempt could not start, a server did not answer)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What is run
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The job on one storage: step time, save interval, state size, run length, SIGTERM delays."""
+
+    step_s: float
+    every: int
+    extra_mib: float
+    run_steps: int
+    delay_s: tuple[float, float]
+    """SIGTERM this long after the attempt resumed training: uniform between the two."""
+
+
+SCALES = {
+    "local": Scale(step_s=0.02, every=10, extra_mib=16, run_steps=100, delay_s=(0.2, 1.5)),
+    "s3": Scale(step_s=0.05, every=20, extra_mib=4, run_steps=120, delay_s=(0.3, 2.5)),
+}
+QUICK_SCALES = {
+    "local": Scale(step_s=0.01, every=5, extra_mib=1, run_steps=30, delay_s=(0.05, 0.3)),
+    "s3": Scale(step_s=0.02, every=5, extra_mib=1, run_steps=30, delay_s=(0.1, 0.6)),
+}
+
+
+@dataclass(frozen=True)
+class Grace:
+    """A grace period as a multiple of the save's duration, optionally counted after the margin."""
+
+    factor: float
+    after_margin: bool = False
+    """G is then the shortest period whose part before the notice's margin is ``factor`` saves
+    plus one step (the step under way when the SIGTERM comes): twice the save, to save in."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.factor:g}x" + ("+margin" if self.after_margin else "")
+
+    def seconds(self, save_s: float, step_s: float) -> float:
+        if not self.after_margin:
+            return round(self.factor * save_s, 3)
+        from flyte_checkpoint.preemption.notice import safety_margin
+
+        wanted = self.factor * save_s + step_s
+        low, high = wanted, 2 * wanted + 1.0  # the margin is at most half of G
+        while high - low > 1e-4:
+            middle = (low + high) / 2
+            low, high = (low, middle) if middle - safety_margin(middle) >= wanted else (middle, high)
+        return round(high, 3)
+
+    @classmethod
+    def parse(cls, text: str) -> Grace:
+        number, plus, rest = text.strip().removesuffix("x").partition("+")
+        if plus and rest.strip().removeprefix("x") != "margin":
+            raise ValueError(text)
+        return cls(float(number.removesuffix("x")), after_margin=bool(plus))
+
+
+@dataclass(frozen=True)
+class Config:
+    storage: str
+    variant: str
+    grace_label: str
+    grace_factor: float
+    grace_s: float
+    save_s: float
+
+    @property
+    def margin_s(self) -> float:
+        """What ``flyte_checkpoint`` keeps free of G for the process to exit (its save deadline)."""
+        from flyte_checkpoint.preemption.notice import safety_margin
+
+        return safety_margin(self.grace_s)
+
+    @property
+    def name(self) -> str:
+        return f"{self.storage}/{self.variant}/G={self.grace_label}"
+
+    @property
+    def key(self) -> str:
+        return self.name.replace("/", "-").replace("=", "").replace("+", "-plus-")
+
+
+@dataclass
+class Peek:
+    """The step of a stored checkpoint, read from its first member (``0-meta.json``)."""
+
+    status: str  # "ok", "none" (no object) or "unreadable"
+    step: int | None = None
+
+    def describe(self) -> str:
+        return str(self.step) if self.status == "ok" else self.status
+
+
+@dataclass
+class Preemption:
+    """One SIGTERM and what came of it (filled in once the next attempt has resumed)."""
+
+    config: str
+    run: int
+    attempt: int
+    delay_s: float
+    at_sigterm: Peek
+    in_flight: int | None
+    """The newest save the checkpoint library had in hand at the SIGTERM (a blocking
+    ``save_sync`` under way, or a background one that had returned), if the stored checkpoint
+    did not hold it yet."""
+    preparing: int | None
+    """A newer save not in the library's hands yet: the job was writing its state directory, or
+    inside a background ``save_sync`` taking its snapshot."""
+    steps_done: int
+    exit: str
+    exit_code: int | None
+    exit_after_s: float
+    exception: str | None
+    at_exit: Peek | None = None
+    """The stored checkpoint right after the process ended."""
+    late_commit: bool = False
+    """A save committed after the process had ended (its bytes were still on their way)."""
+    resumed: int = 0
+    verdict: str = "?"
+    detail: str = ""
+    steps_lost: int = 0
+    committed_in_grace: bool = False
+    previous_survived: bool = False
+    restart_s: float = 0.0
+    wasted_s: float = 0.0
+
+
+@dataclass
+class AttemptRecord:
+    number: int
+    spawned: float
+    events: list[dict[str, Any]]
+    ended: float
+    exit_code: int | None
+    staged: Peek | None
+    preemption: Preemption | None = None
+
+    def first(self, name: str) -> dict[str, Any] | None:
+        return next((event for event in self.events if event["e"] == name), None)
+
+    @property
+    def resumed(self) -> dict[str, Any]:
+        event = self.first("resumed")
+        assert event is not None
+        return event
+
+    @property
+    def finished(self) -> bool:
+        return self.exit_code == 0 and self.first("done") is not None
+
+    def last_step(self) -> int:
+        steps = [int(event["step"]) for event in self.events if event["e"] == "step"]
+        return steps[-1] if steps else int(self.resumed["step"])
+
+    def step_done_at(self, step: int) -> float | None:
+        return next((e["t"] for e in self.events if e["e"] == "step" and e["step"] == step), None)
+
+    def seconds_per_step(self, default: float) -> float:
+        """Wall time per step of this attempt's training, saves included."""
+        steps = [event for event in self.events if event["e"] == "step"]
+        if not steps:
+            return default
+        return float(steps[-1]["t"] - self.resumed["t"]) / len(steps)
+
+
+@dataclass
+class RunResult:
+    index: int
+    attempts: int
+    finished: bool
+    final_step: int
+    model_matches: bool | None
+    wall_s: float
+    longest_stall: int
+    """The most consecutive attempts that resumed no later than the one before."""
+
+
+@dataclass
+class ConfigResult:
+    config: Config
+    preemptions: list[Preemption] = field(default_factory=list)
+    runs: list[RunResult] = field(default_factory=list)
+    blocking_saves_s: list[float] = field(default_factory=list)
+    """Ours' blocking saves after a notice (the one-line change), from ``save`` to ``saved``."""
+    wall_s: float = 0.0
+    error: str | None = None
+
+    def count(self, test: Callable[[Preemption], bool]) -> int:
+        return sum(1 for p in self.preemptions if test(p))
+
+    def summary(self) -> dict[str, Any]:
+        lost = [p.steps_lost for p in self.preemptions]
+        in_flight = [p for p in self.preemptions if p.in_flight is not None]
+        return {
+            "name": self.config.name,
+            **asdict(self.config),
+            "error": self.error,
+            "wall_s": self.wall_s,
+            "preemptions": len(self.preemptions),
+            "steps_lost_total": sum(lost),
+            "steps_lost_max": max(lost, default=0),
+            "steps_lost_mean": statistics.mean(lost) if lost else None,
+            "committed_in_grace": self.count(lambda p: p.committed_in_grace),
+            "in_flight_at_sigterm": len(in_flight),
+            "in_flight_survived": sum(1 for p in in_flight if p.committed_in_grace),
+            "previous_survived": self.count(lambda p: p.previous_survived),
+            "bad": {
+                verdict: sum(1 for p in self.preemptions if p.verdict == verdict) for verdict in BAD_VERDICTS
+            },
+            "exited_by_itself": self.count(lambda p: p.exit != "SIGKILL"),
+            "late_commits": self.count(lambda p: p.late_commit),
+            "wasted_s_total": sum(p.wasted_s for p in self.preemptions),
+            "wasted_s_mean": statistics.mean(p.wasted_s for p in self.preemptions)
+            if self.preemptions
+            else None,
+            "restart_s_median": statistics.median(p.restart_s for p in self.preemptions)
+            if self.preemptions
+            else None,
+            "blocking_save_s_median": statistics.median(self.blocking_saves_s)
+            if self.blocking_saves_s
+            else None,
+            "runs_started": len(self.runs),
+            "runs_finished": sum(1 for r in self.runs if r.finished),
+            "runs_model_equal": sum(1 for r in self.runs if r.model_matches),
+            "longest_stall": max((r.longest_stall for r in self.runs), default=0),
+            "runs": [asdict(run) for run in self.runs],
+            "per_preemption": [asdict(p) for p in self.preemptions],
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Where checkpoints are stored
+# ---------------------------------------------------------------------------------------------
+
+
+def step_in(prefix: bytes) -> Peek:
+    """The step in ``0-meta.json``, the first member of a ``.tar.gz`` of which ``prefix`` is the start."""
+    if not prefix:
+        return Peek("none")
+    try:
+        data, rest = b"", prefix
+        while rest and len(data) < PEEK_BYTES:
+            inflate = zlib.decompressobj(wbits=31)
+            data += inflate.decompress(rest)
+            rest = inflate.unused_data
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as archive:
+            member = archive.next()
+            if member is None or member.name.removeprefix("./") != trainer.META:
+                return Peek("unreadable")
+            content = archive.extractfile(member)
+            assert content is not None
+            return Peek("ok", int(json.loads(content.read())["step"]))
+    except Exception:
+        return Peek("unreadable")
+
+
+class Store:
+    """A place for checkpoints: URIs for the job, and the platform's own reads and copies."""
+
+    name = ""
+    storage_options: dict[str, Any] | None = None
+    """What ours is given to reach the store."""
+    env: dict[str, str] = {}  # noqa: RUF012 - replaced per instance, never mutated
+    """The environment the reference reads its storage configuration from."""
+    settle_s = 0.0
+    """How long bytes a process sent can still be on their way after it ended."""
+
+    def uri(self, key: str) -> str:
+        raise NotImplementedError
+
+    def head(self, key: str) -> bytes | None:
+        """The object's first bytes, or ``None`` if there is no object."""
+        raise NotImplementedError
+
+    def stage(self, src: str, dst: str) -> bool:
+        """Copy ``src`` to ``dst`` as the platform does between attempts; ``False`` if ``src`` is absent."""
+        raise NotImplementedError
+
+    def peek(self, key: str) -> Peek:
+        head = self.head(key)
+        return Peek("none") if head is None else step_in(head)
+
+
+class LocalStore(Store):
+    name = "local"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def uri(self, key: str) -> str:
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return str(path)
+
+    def head(self, key: str) -> bytes | None:
+        try:
+            with open(self.root / key, "rb") as stored:
+                return stored.read(PEEK_BYTES)
+        except FileNotFoundError:
+            return None
+
+    def stage(self, src: str, dst: str) -> bool:
+        source, target = self.root / src, self.root / dst
+        partial = target.with_name(f".{target.name}.staging")
+        try:
+            shutil.copy2(source, partial)  # copy2: the extended attributes ours records go along
+        except FileNotFoundError:
+            return False
+        os.replace(partial, target)
+        return True
+
+
+class S3Store(Store):
+    """A bucket on s3rver: the job reaches it through the shaping proxy, the platform directly."""
+
+    name = "s3"
+
+    def __init__(
+        self, server: s3server.S3Server, proxy_endpoint: str, rate_mib: float, rtt_ms: float
+    ) -> None:
+        import boto3  # type: ignore[import-untyped]
+
+        # What the proxy holds for a connection (like a client's TCP send buffer) drains at the
+        # line's rate after the client is gone: a request sent whole can still commit then.
+        self.settle_s = (
+            netshape.QUEUE_CHUNKS * netshape.READ_BYTES / (rate_mib * netshape.MIB) + rtt_ms / 1000 + 0.1
+        )
+
+        self.bucket = server.bucket
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=server.endpoint,
+            aws_access_key_id=server.key,
+            aws_secret_access_key=server.secret,
+            region_name=s3server.REGION,
+        )
+        self.storage_options = {
+            "key": server.key,
+            "secret": server.secret,
+            "client_kwargs": {"endpoint_url": proxy_endpoint, "region_name": s3server.REGION},
+        }
+        self.env = {  # the reference's storage configuration (what objectstore.py gives it)
+            "FLYTE_AWS_ENDPOINT": proxy_endpoint,
+            "FLYTE_AWS_ACCESS_KEY_ID": server.key,
+            "FLYTE_AWS_SECRET_ACCESS_KEY": server.secret,
+            "AWS_REGION": s3server.REGION,
+            "AWS_DEFAULT_REGION": s3server.REGION,
+        }
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def _get(self, key: str, **extra: Any) -> dict[str, Any] | None:
+        try:
+            response: dict[str, Any] = self.client.get_object(Bucket=self.bucket, Key=key, **extra)
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return response
+
+    def head(self, key: str) -> bytes | None:
+        response = self._get(key, Range=f"bytes=0-{PEEK_BYTES - 1}")
+        return None if response is None else bytes(response["Body"].read())
+
+    def stage(self, src: str, dst: str) -> bool:
+        # Streamed through this process (s3rver does not copy objects completed from parts),
+        # metadata included, as a server-side CopyObject keeps it.
+        response = self._get(src)
+        if response is None:
+            return False
+        self.client.put_object(
+            Bucket=self.bucket,
+            Key=dst,
+            Body=response["Body"].read(),
+            Metadata=response.get("Metadata", {}),
+            ContentType=response.get("ContentType", "application/octet-stream"),
+        )
+        return True
+
+
+@contextlib.contextmanager
+def shaped_proxy(upstream: int, rate_mib: float, rtt_ms: float, log_dir: Path) -> Iterator[str]:
+    """``netshape.py`` in a process of its own (the supervisor's threads never slow it down)."""
+    command = [
+        sys.executable,
+        str(HERE / "netshape.py"),
+        f"--upstream={upstream}",
+        f"--rate-mib={rate_mib}",
+        f"--rtt-ms={rtt_ms}",
+    ]
+    with open(log_dir / "netshape.log", "wb") as errors:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line.startswith("http://"):
+            raise HarnessError(f"netshape.py did not start: {line!r}")
+        yield line.split()[0]
+    finally:
+        process.send_signal(signal.SIGINT)  # it prints its counters and stops on Ctrl-C
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# The supervisor
+# ---------------------------------------------------------------------------------------------
+
+
+class Processes:
+    """Starts attempts, forked from one server that has the heavy imports done."""
+
+    def __init__(self, work: Path) -> None:
+        self.context = multiprocessing.get_context("forkserver")
+        self.context.set_forkserver_preload(["__main__", *trainer.PRELOAD])
+        self.work = work
+        self.live: set[Any] = set()
+        self.lock = threading.Lock()
+
+    def start(self, target: Callable[[dict[str, Any]], None], spec: dict[str, Any]) -> Any:
+        process = self.context.Process(target=target, args=(spec,), daemon=True)
+        with self.lock:
+            process.start()
+            self.live.add(process)
+        return process
+
+    def reap(self, process: Any) -> None:
+        if process.is_alive():
+            process.kill()
+        process.join()
+        with self.lock:
+            self.live.discard(process)
+
+    def kill_all(self) -> None:
+        with self.lock:
+            live = list(self.live)
+        for process in live:
+            self.reap(process)
+
+    def spec(self, directory: Path, **fields: Any) -> dict[str, Any]:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "tmp").mkdir(exist_ok=True)
+        return {
+            "events": str(directory / "events.jsonl"),
+            "stdout": str(directory / "stdout.log"),
+            "stderr": str(directory / "stderr.log"),
+            "tmp": str(directory / "tmp"),
+            "state_dir": str(directory / "state"),
+            "seed": 7,
+            **fields,
+        }
+
+    def run_to_end(
+        self, target: Callable[[dict[str, Any]], None], spec: dict[str, Any], timeout: float
+    ) -> list[dict[str, Any]]:
+        """Start ``target(spec)``, wait for it, return its events; fail loudly if it failed."""
+        process = self.start(target, spec)
+        try:
+            process.join(timeout)
+        finally:
+            self.reap(process)
+        events = trainer.read_events(Path(spec["events"]))
+        if process.exitcode != 0:
+            raise HarnessError(f"{target.__name__} exited {process.exitcode}: {_tail(spec['stderr'])}")
+        return events
+
+
+def _tail(path: str, chars: int = 2000) -> str:
+    with contextlib.suppress(OSError):
+        return Path(path).read_text(errors="replace")[-chars:]
+    return ""
+
+
+def _wait_for(process: Any, path: Path, name: str, timeout: float) -> list[dict[str, Any]] | None:
+    """Poll the event log until an event called ``name`` appears (``None`` if the process ended first)."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        events = trainer.read_events(path)
+        if any(event["e"] == name for event in events):
+            return events
+        if not process.is_alive():
+            events = trainer.read_events(path)
+            return events if any(event["e"] == name for event in events) else None
+        time.sleep(POLL_S)
+    return None
+
+
+class Supervisor:
+    """Runs one configuration: runs of attempts, each preempted, until enough preemptions."""
+
+    def __init__(
+        self,
+        config: Config,
+        scale: Scale,
+        store: Store,
+        processes: Processes,
+        work: Path,
+        preemptions: int,
+        baseline_digest: str,
+        seed: int,
+    ) -> None:
+        self.config = config
+        self.scale = scale
+        self.store = store
+        self.processes = processes
+        self.work = work / config.key
+        self.wanted = preemptions
+        self.cap = 2 * preemptions
+        """Preemptions after which an unfinished last run is given up, progressing or not."""
+        self.baseline_digest = baseline_digest
+        self.rng = random.Random(f"{seed}/{config.name}")
+        self.result = ConfigResult(config)
+
+    def run(self) -> ConfigResult:
+        started = time.monotonic()
+        try:
+            while len(self.result.preemptions) < self.wanted:
+                self.result.runs.append(self._run(len(self.result.runs)))
+        except Exception as exc:  # reported with the figures so far; the other configurations go on
+            self.result.error = f"{type(exc).__name__}: {exc}"
+            log(f"{self.config.name}: FAILED: {self.result.error}")
+        self.result.wall_s = time.monotonic() - started
+        return self.result
+
+    def _run(self, index: int) -> RunResult:
+        prefix = f"{self.config.key}/run-{index}"
+        dest, prev = f"{prefix}/checkpoint", f"{prefix}/prev_checkpoint"
+        prev_uri = self.store.uri(prev)
+        started = time.monotonic()
+        attempts: list[AttemptRecord] = []
+        stall = longest = 0
+        while True:
+            number = len(attempts)
+            staged = None
+            if number:
+                if attempts[-1].preemption is not None:
+                    time.sleep(self.store.settle_s)  # a kubelet restarts a pod seconds later
+                staged = self.store.peek(prev) if self.store.stage(dest, prev) else Peek("none")
+            give_up = len(self.result.preemptions) >= self.cap or stall >= STALL_LIMIT
+            record = self._attempt(index, number, dest, prev_uri if number else None, staged, give_up)
+            if attempts:
+                previous = attempts[-1]
+                self._complete(previous, record)
+                stall = stall + 1 if record.resumed["step"] <= previous.resumed["step"] else 0
+                longest = max(longest, stall)
+            attempts.append(record)
+            if record.finished or give_up:
+                break
+        done = attempts[-1].first("done")
+        digest = None if done is None else done["model_digest"]
+        log(
+            f"{self.config.name}: run {index} {'finished' if attempts[-1].finished else 'GAVE UP'} after "
+            f"{len(attempts)} attempt(s); {len(self.result.preemptions)} preemption(s) so far"
+        )
+        return RunResult(
+            index=index,
+            attempts=len(attempts),
+            finished=attempts[-1].finished,
+            final_step=attempts[-1].last_step(),
+            model_matches=None if digest is None else digest == self.baseline_digest,
+            wall_s=time.monotonic() - started,
+            longest_stall=longest,
+        )
+
+    def _attempt(
+        self, run: int, number: int, dest: str, src: str | None, staged: Peek | None, give_up: bool
+    ) -> AttemptRecord:
+        """Start attempt ``number``, preempt it at a random instant, and record what it did.
+
+        With ``give_up`` (the run made no progress for too long) it is killed once it resumed:
+        only its resume was wanted, to complete the previous attempt's preemption.
+        """
+        config, scale = self.config, self.scale
+        spec = self.processes.spec(
+            self.work / f"run-{run}" / f"attempt-{number}",
+            variant=config.variant,
+            dest=self.store.uri(dest),
+            src=src,
+            storage_options=self.store.storage_options,
+            env={**self.store.env, "FLYTE_CHECKPOINT_GRACE_SECONDS": repr(config.grace_s)},
+            every=scale.every,
+            step_s=scale.step_s,
+            extra_mib=scale.extra_mib,
+            total_steps=scale.run_steps,
+        )
+        events_path = Path(spec["events"])
+        spawned = time.monotonic()
+        process = self.processes.start(trainer.attempt, spec)
+        preemption: Preemption | None = None
+        try:
+            events = _wait_for(process, events_path, "resumed", START_TIMEOUT_S)
+            if events is None:
+                raise HarnessError(
+                    f"{config.name} attempt {number} never resumed (exit {process.exitcode}): "
+                    f"{_tail(spec['stderr'])}"
+                )
+            resumed_at = next(e["t"] for e in events if e["e"] == "resumed")
+            if give_up:
+                process.kill()  # only its resume was wanted: the run is not progressing
+            delay = self.rng.uniform(*scale.delay_s)
+            left = resumed_at + delay - time.monotonic()
+            if not give_up and not multiprocessing.connection.wait([process.sentinel], max(0.0, left)):
+                preemption = self._preempt(process, events_path, dest, run, number, delay)
+            process.join()
+        finally:
+            self.processes.reap(process)
+        events = trainer.read_events(events_path)
+        record = AttemptRecord(
+            number, spawned, events, time.monotonic(), process.exitcode, staged, preemption
+        )
+        if preemption is not None and record.finished:
+            # It reached the final step in the instant between the wait and the SIGTERM.
+            self.result.preemptions.remove(preemption)
+            record.preemption = preemption = None
+        if preemption is not None:
+            preemption.at_exit = self.store.peek(dest)
+            preemption.steps_done = record.last_step()
+            exception = record.first("exception")
+            preemption.exception = None if exception is None else exception["kind"]
+            if config.variant == "oneline":
+                self.result.blocking_saves_s.extend(_blocking_saves(events))
+        elif not record.finished and not give_up:
+            raise HarnessError(
+                f"{config.name} attempt {number} ended without a preemption (exit {process.exitcode}): "
+                f"{_tail(spec['stderr'])}"
+            )
+        return record
+
+    def _preempt(
+        self, process: Any, events_path: Path, dest: str, run: int, number: int, delay: float
+    ) -> Preemption | None:
+        """SIGTERM now; SIGKILL once the grace period is over, unless the process has ended.
+
+        ``None`` if the process ended (reached the final step) before the SIGTERM could be sent.
+        """
+        before = trainer.read_events(events_path)
+        at_sigterm = self.store.peek(dest)
+        sent = time.monotonic()
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return None
+        ended = multiprocessing.connection.wait([process.sentinel], self.config.grace_s)
+        if not ended:
+            with contextlib.suppress(ProcessLookupError):  # it may end at this very instant
+                os.kill(process.pid, signal.SIGKILL)
+        exit_after = time.monotonic() - sent  # the SIGKILL's instant, or when it ended by itself
+        process.join()
+        handed = [
+            event["step"]
+            for event in before
+            if (event["e"] == "saved" and event["background"])
+            or (event["e"] == "submit" and not event["background"])
+        ]
+        begun = [event["step"] for event in before if event["e"] == "save"]
+        in_flight = handed[-1] if handed and handed[-1] > _committed(at_sigterm) else None
+        preparing = begun[-1] if begun and begun[-1] > max(handed, default=-1) else None
+        preemption = Preemption(
+            config=self.config.name,
+            run=run,
+            attempt=number,
+            delay_s=delay,
+            at_sigterm=at_sigterm,
+            in_flight=in_flight,
+            preparing=preparing,
+            steps_done=0,
+            exit="SIGKILL" if not ended else f"exit {process.exitcode}",
+            exit_code=process.exitcode,
+            exit_after_s=exit_after,
+            exception=None,
+        )
+        self.result.preemptions.append(preemption)
+        return preemption
+
+    def _complete(self, killed: AttemptRecord, following: AttemptRecord) -> None:
+        """Fill in the preemption of ``killed`` from how ``following`` resumed."""
+        preemption = killed.preemption
+        if preemption is None:
+            return
+        resumed = following.resumed
+        preemption.resumed = resumed["step"]
+        preemption.verdict = resumed["verdict"]
+        preemption.detail = resumed.get("detail", "")
+        staged = following.staged
+        at_exit = preemption.at_exit
+        preemption.late_commit = (
+            staged is not None and at_exit is not None and _committed(staged) != _committed(at_exit)
+        )
+        if preemption.verdict == "none" and staged is not None and staged.status != "none":
+            preemption.verdict = "unreadable"
+            preemption.detail = "a checkpoint was staged, and the helper loaded none"
+        elif preemption.verdict == "ok" and staged is not None and staged.step != preemption.resumed:
+            preemption.verdict = "mixed"
+            preemption.detail = (
+                f"the staged checkpoint holds step {staged.step}, the restored {preemption.resumed}"
+            )
+        ok = preemption.verdict == "ok"
+        at = preemption.at_sigterm
+        committed = _committed(at)
+        preemption.steps_lost = preemption.steps_done - preemption.resumed
+        preemption.committed_in_grace = ok and preemption.resumed > committed
+        preemption.previous_survived = (ok and preemption.resumed >= committed) or (
+            preemption.verdict == "none" and at.status == "none"
+        )
+        preemption.restart_s = resumed["t"] - following.spawned
+        started = killed.resumed
+        kept_at = killed.step_done_at(preemption.resumed) or started["t"]
+        earlier = max(0, started["step"] - preemption.resumed)  # work of earlier attempts lost too
+        preemption.wasted_s = (
+            (killed.ended - kept_at)
+            + earlier * killed.seconds_per_step(self.scale.step_s)
+            + preemption.restart_s
+        )
+
+
+def _committed(peek: Peek) -> int:
+    """The step a stored checkpoint holds, -1 for none or an unreadable one."""
+    return peek.step if peek.status == "ok" and peek.step is not None else -1
+
+
+def _blocking_saves(events: list[dict[str, Any]]) -> list[float]:
+    """Durations of the blocking saves (ours': made after a notice) that returned."""
+    begun: dict[int, float] = {}
+    durations = []
+    for event in events:
+        if event["e"] == "save" and not event["background"]:
+            begun[event["step"]] = event["t"]
+        elif event["e"] == "saved" and not event["background"] and event["step"] in begun:
+            durations.append(event["t"] - begun[event["step"]])
+    return durations
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration, baseline, configurations
+# ---------------------------------------------------------------------------------------------
+
+
+def calibrate(
+    processes: Processes, store: Store, scale: Scale, work: Path, variant: str, saves: int
+) -> list[float]:
+    """Durations of blocking saves (the state directory written, then saved) on ``store``."""
+    spec = processes.spec(
+        work / f"calibrate-{store.name}-{variant}",
+        variant=variant,
+        dest=store.uri(f"calibrate-{variant}/checkpoint"),
+        storage_options=store.storage_options,
+        env=dict(store.env),
+        extra_mib=scale.extra_mib,
+        saves=saves,
+    )
+    events = processes.run_to_end(trainer.calibrate, spec, START_TIMEOUT_S + 60 * saves)
+    found = next(event for event in events if event["e"] == "calibrated")
+    durations: list[float] = found["durations"]
+    return durations
+
+
+def baseline_digest(processes: Processes, scale: Scale, work: Path) -> str:
+    spec = processes.spec(work / f"baseline-{scale.run_steps}", total_steps=scale.run_steps)
+    events = processes.run_to_end(trainer.baseline, spec, START_TIMEOUT_S)
+    digest: str = next(event for event in events if event["e"] == "done")["model_digest"]
+    return digest
+
+
+def configurations(storage: str, save_s: float, scale: Scale, args: argparse.Namespace) -> list[Config]:
+    configs = []
+    for variant in VARIANTS:
+        # The reference dies at SIGTERM (no handler), so G cannot change its outcome: one run.
+        graces = [args.grace[0]] if variant == "reference" else args.grace
+        for grace in graces:
+            seconds = grace.seconds(save_s, scale.step_s)
+            configs.append(Config(storage, variant, grace.label, grace.factor, seconds, save_s))
+    return [c for c in configs if any(fnmatch.fnmatch(c.name, pattern) for pattern in args.only)]
+
+
+def cold_start_s() -> float:
+    """What a restart would cost without the fork server: a fresh interpreter importing it all."""
+    code = "import " + ", ".join(m for m in trainer.PRELOAD if m != trainer.__name__)
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=str(HERE))
+    return time.monotonic() - started
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets and the report
+# ---------------------------------------------------------------------------------------------
+
+
+def _ratio(count: int, total: int) -> str:
+    return f"{count}/{total}" + (f" ({count / total:.0%})" if total else "")
+
+
+def evaluate(results: list[ConfigResult], args: argparse.Namespace) -> list[Check]:
+    checks: list[Check] = []
+    storages = list(dict.fromkeys(r.config.storage for r in results))
+    for storage in storages:
+        mine = [r for r in results if r.config.storage == storage]
+        long = [r for r in mine if r.config.grace_factor >= TARGET_GRACE and r.config.variant != "reference"]
+        short = [r for r in mine if r.config.grace_s < r.config.save_s and r.config.variant != "reference"]
+        for result in long:
+            n = len(result.preemptions)
+            if result.config.variant == "oneline":
+                worst = max((p.steps_lost for p in result.preemptions), default=0)
+                checks.append(
+                    Check(
+                        f"{result.config.name}: steps lost per preemption",
+                        f"max {worst}, total {sum(p.steps_lost for p in result.preemptions)} over {n}",
+                        "<= 1",
+                        None if not n else worst <= 1 and not result.error,
+                    )
+                )
+                committed = result.count(lambda p: p.committed_in_grace)
+                checks.append(
+                    Check(
+                        f"{result.config.name}: a save committed inside the grace period",
+                        _ratio(committed, n),
+                        "100%",
+                        None if not n else committed == n and not result.error,
+                    )
+                )
+            elif result.config.variant == "nochange":
+                flying = [p for p in result.preemptions if p.in_flight is not None]
+                survived = sum(1 for p in flying if p.committed_in_grace)
+                checks.append(
+                    Check(
+                        f"{result.config.name}: the in-flight background save survives",
+                        f"{_ratio(survived, len(flying))} with a save in flight, of {n}",
+                        "100%",
+                        None if not flying else survived == len(flying) and not result.error,
+                    )
+                )
+        for result in short:
+            n = len(result.preemptions)
+            survived = result.count(lambda p: p.previous_survived)
+            checks.append(
+                Check(
+                    f"{result.config.name} (G < one save): the previous checkpoint survives",
+                    _ratio(survived, n),
+                    "100%",
+                    None if not n else survived == n and not result.error,
+                )
+            )
+            finished = sum(1 for r in result.runs if r.finished)
+            stall = max((r.longest_stall for r in result.runs), default=0)
+            checks.append(
+                Check(
+                    f"{result.config.name} (G < one save): every run finishes",
+                    f"{finished}/{len(result.runs)} runs; at most {stall} attempts in a row not progressing",
+                    "all runs",
+                    None if not result.runs else finished == len(result.runs) and not result.error,
+                )
+            )
+        ours = [r for r in mine if r.config.variant != "reference"]
+        if ours:
+            bad = sum(r.count(lambda p: p.verdict in BAD_VERDICTS) for r in ours)
+            total = sum(len(r.preemptions) for r in ours)
+            fewest = min(len(r.preemptions) for r in ours)
+            checks.append(
+                Check(
+                    f"{storage}: corrupt, mixed or unreadable checkpoints (ours)",
+                    f"{bad} over {total} preemptions in {len(ours)} configurations (fewest {fewest})",
+                    f"0, >= {MIN_PREEMPTIONS} per configuration",
+                    bad == 0 and fewest >= MIN_PREEMPTIONS and not any(r.error for r in ours),
+                )
+            )
+            runs = [run for r in ours for run in r.runs if run.finished]
+            equal = sum(1 for run in runs if run.model_matches)
+            checks.append(
+                Check(
+                    f"{storage}: finished runs' final model bit-equal to an uninterrupted run (ours)",
+                    _ratio(equal, len(runs)),
+                    "100%",
+                    None if not runs else equal == len(runs),
+                )
+            )
+    return checks
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _in_hand(preemption: Preemption) -> str:
+    if preemption.in_flight is not None:
+        return str(preemption.in_flight)
+    return "-" if preemption.preparing is None else f"(preparing {preemption.preparing})"
+
+
+def print_preemptions(result: ConfigResult, out: TextIO) -> None:
+    config = result.config
+    print(
+        f"\n{config.name} ({LABELS[config.variant]}, G = {config.grace_s:.3f} s = "
+        f"{config.grace_s / config.save_s:.2f} x the {config.save_s:.3f} s save; the notice keeps "
+        f"{config.margin_s:.3f} s of it free to exit, so "
+        f"saves must commit within {config.grace_s - config.margin_s:.3f} s of the SIGTERM)",
+        file=out,
+    )
+    rows = [
+        [
+            f"{p.run}.{p.attempt}",
+            f"{p.delay_s:.2f}",
+            p.at_sigterm.describe(),
+            _in_hand(p),
+            str(p.steps_done),
+            f"{p.exit} {'at' if p.exit == 'SIGKILL' else 'after'} {p.exit_after_s:.2f} s"
+            + (f" ({p.exception})" if p.exception else "")
+            + (f"; {p.resumed} committed after it ended" if p.late_commit else ""),
+            str(p.resumed),
+            p.verdict,
+            str(p.steps_lost),
+            "yes" if p.committed_in_grace else "no",
+            "yes" if p.previous_survived else "no",
+            f"{p.wasted_s:.2f}",
+        ]
+        for p in result.preemptions
+    ]
+    compare._table(
+        rows,
+        [
+            "run.attempt",
+            "SIGTERM at s",
+            "stored at SIGTERM",
+            "save in flight",
+            "steps done",
+            "ended",
+            "resumed at",
+            "verdict",
+            "steps lost",
+            "commit in grace",
+            "previous kept",
+            "wasted s",
+        ],
+        out,
+    )
+
+
+def print_summary(results: list[ConfigResult], out: TextIO) -> None:
+    print("\ntotals per configuration", file=out)
+    rows = []
+    for result in results:
+        s = result.summary()
+        bad = s["bad"]
+        rows.append(
+            [
+                result.config.name,
+                f"{result.config.grace_s:.3f}",
+                _fmt(s["blocking_save_s_median"], 3),
+                str(s["preemptions"]),
+                f"{s['steps_lost_total']} / {s['steps_lost_max']} / {_fmt(s['steps_lost_mean'], 1)}",
+                _ratio(s["committed_in_grace"], s["preemptions"]),
+                f"{s['in_flight_survived']}/{s['in_flight_at_sigterm']}",
+                _ratio(s["previous_survived"], s["preemptions"]),
+                f"{bad['corrupt']}/{bad['mixed']}/{bad['unreadable']}",
+                f"{s['exited_by_itself']}/{s['preemptions']}",
+                str(s["late_commits"]),
+                f"{s['wasted_s_total']:.1f} / {_fmt(s['wasted_s_mean'])}",
+                _fmt(s["restart_s_median"], 3),
+                f"{s['runs_finished']}/{s['runs_started']}",
+                f"{s['runs_model_equal']}/{s['runs_finished']}",
+                f"{result.wall_s:.0f}",
+                result.error or "",
+            ]
+        )
+    compare._table(
+        rows,
+        [
+            "configuration",
+            "G s",
+            "save in grace s",
+            "preemptions",
+            "steps lost tot/max/mean",
+            "commit in grace",
+            "in-flight survived",
+            "previous kept",
+            "corrupt/mixed/unreadable",
+            "exited before SIGKILL",
+            "committed after exit",
+            "wasted s tot/mean",
+            "restart s",
+            "runs finished",
+            "model equal",
+            "wall s",
+            "error",
+        ],
+        out,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--storage", default="local,s3", help="comma-separated: local,s3 (default both)")
+    parser.add_argument("--preemptions", type=int, help=f"per configuration (default {MIN_PREEMPTIONS})")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 preemptions each, tiny state")
+    parser.add_argument(
+        "--grace",
+        default="2x,2x+margin,0.5x",
+        help="grace periods as multiples of the save's duration; 'Nx+margin' is N saves and a step "
+        "before the margin the notice keeps free (default 2x,2x+margin,0.5x: the targets' 'at least "
+        "twice', twice to save in, and shorter than one save; the reference runs at the first)",
+    )
+    parser.add_argument("--only", default="*", help="configuration names (globs), e.g. 's3/oneline/*'")
+    parser.add_argument("--parallel", type=int, default=4, help="configurations run at once (default 4)")
+    parser.add_argument("--calibration-saves", type=int, help="blocking saves timed per storage (5)")
+    parser.add_argument("--rate-mib", type=float, default=8.0, help="S3: MiB/s per connection and direction")
+    parser.add_argument("--rtt-ms", type=float, default=20.0, help="S3: added round-trip time (default 20)")
+    parser.add_argument("--install-server", action="store_true", help="npm ci in benchmarks/s3rver if needed")
+    parser.add_argument("--no-ranks", action="store_true", help="skip preemption_ranks.py's 4-rank scenario")
+    parser.add_argument("--seed", type=int, default=21, help="seed of the SIGTERM instants")
+    parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
+    parser.add_argument("--keep", action="store_true", help="keep the run directory (event logs, stderr)")
+    args = parser.parse_args(argv)
+    args.storage = [s for s in args.storage.split(",") if s]
+    if unknown := [s for s in args.storage if s not in SCALES]:
+        parser.error(f"unknown storage: {', '.join(unknown)}")
+    args.only = [p for p in args.only.split(",") if p]
+    if args.preemptions is None:
+        args.preemptions = 3 if args.quick else MIN_PREEMPTIONS
+    if args.calibration_saves is None:
+        args.calibration_saves = 2 if args.quick else 5
+    try:
+        args.grace = [Grace.parse(item) for item in args.grace.split(",") if item.strip()]
+    except ValueError:
+        parser.error(f"--grace takes multiples like 2x, 2x+margin, 0.5x; got {args.grace!r}")
+    if not args.grace or min(grace.factor for grace in args.grace) <= 0:
+        parser.error("--grace needs at least one multiple, each above 0")
+    if args.preemptions < 1 or args.parallel < 1 or args.calibration_saves < 1:
+        parser.error("--preemptions, --parallel and --calibration-saves must be positive")
+    return args
+
+
+def describe_machine() -> dict[str, Any]:
+    machine = compare.describe_machine()
+    for package in ("torch", "flyte", "flyte_checkpoint"):
+        try:
+            machine[package] = version(package)
+        except PackageNotFoundError:
+            machine[package] = None
+    return machine
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = sys.stderr if args.json else sys.stdout
+    compare.DATA_ROOT.mkdir(parents=True, exist_ok=True)
+    run_dir = compare.DATA_ROOT / f"preemption-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir()
+    processes = Processes(run_dir)
+    with compare._terminate_as_interrupt():
+        try:
+            return _main(args, run_dir, processes, out)
+        finally:
+            processes.kill_all()
+            if args.keep:
+                log(f"kept {run_dir}")
+            else:
+                compare._remove(run_dir)
+
+
+def _main(args: argparse.Namespace, run_dir: Path, processes: Processes, out: TextIO) -> int:
+    started = time.monotonic()
+    load_start = os.getloadavg()[0]
+    scales = QUICK_SCALES if args.quick else SCALES
+    machine = describe_machine()
+    cold = None if args.quick else cold_start_s()
+    print(
+        f"machine: {machine['cpu']} x {machine['nproc']} cores, {machine['memory']}, "
+        f"Linux {machine['kernel']}, "
+        f"Python {machine['python']}, torch {machine['torch']}, flyte {machine['flyte']}, "
+        f"flyte_checkpoint {machine['flyte_checkpoint']}; load average {load_start:.2f}",
+        file=out,
+    )
+    cost = "(not measured with --quick)" if cold is None else f"takes {cold:.2f} s here"
+    print(
+        f"a fresh interpreter importing torch and both checkpoint libraries {cost}; attempts are "
+        "forked from a server that did it once, so the restarts below exclude it",
+        file=out,
+    )
+    storages: dict[str, Any] = {}
+    with contextlib.ExitStack() as servers:
+        supervisors: list[Supervisor] = []
+        for storage in args.storage:
+            store = servers.enter_context(_store(storage, args, run_dir))
+            if store is None:
+                storages[storage] = {"skipped": True}
+                continue
+            setup = prepare(store, scales[storage], processes, run_dir / storage, args, out)
+            storages[storage] = setup.report
+            supervisors.extend(setup.supervisors)
+        # The longest first (S3's restarts cost seconds), so none of them is left to run alone.
+        order = sorted(supervisors, key=lambda s: (s.config.storage != "s3", s.config.variant == "reference"))
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            done = dict(zip(order, pool.map(Supervisor.run, order), strict=True))
+    results = [done[supervisor] for supervisor in supervisors]
+    for result in results:
+        print_preemptions(result, out)
+    print_summary(results, out)
+    checks = evaluate(results, args)
+    ranks = None if args.no_ranks else run_ranks(args, out)
+    if ranks is not None:
+        checks.extend(ranks["checks"])
+    print_targets(checks, "targets (issue 21)", out)
+    print(
+        f"\ntotal wall time {time.monotonic() - started:.0f} s; "
+        f"load average at the end {os.getloadavg()[0]:.2f}",
+        file=out,
+    )
+    report = {
+        "machine": machine,
+        "cold_start_s": cold,
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        "config": {
+            "quick": args.quick,
+            "preemptions": args.preemptions,
+            "grace": [grace.label for grace in args.grace],
+            "rate_mib": args.rate_mib,
+            "rtt_ms": args.rtt_ms,
+            "seed": args.seed,
+        },
+        "storages": storages,
+        "configurations": [result.summary() for result in results],
+        "ranks": None if ranks is None else ranks["report"],
+        "targets": [asdict(check) for check in checks],
+        "wall_s": time.monotonic() - started,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 1 if any(result.error for result in results) else 0
+
+
+@dataclass
+class Setup:
+    supervisors: list[Supervisor]
+    report: dict[str, Any]
+
+
+def prepare(
+    store: Store, scale: Scale, processes: Processes, work: Path, args: argparse.Namespace, out: TextIO
+) -> Setup:
+    """Time the save on ``store``, compute the uninterrupted run's model, and plan the configurations."""
+    ours = calibrate(processes, store, scale, work, "oneline", args.calibration_saves)
+    reference = calibrate(processes, store, scale, work, "reference", args.calibration_saves)
+    save_s = statistics.median(ours)
+    digest = baseline_digest(processes, scale, work)
+    configs = configurations(store.name, save_s, scale, args)
+    network = (
+        f"; S3 through netshape, {args.rate_mib:g} MiB/s per connection, {args.rtt_ms:g} ms RTT"
+        if store.name == "s3"
+        else ""
+    )
+    print(
+        f"\n{store.name}: step {scale.step_s * 1000:.0f} ms, save every {scale.every} steps, "
+        f"{scale.extra_mib:g} MiB of extra state (+{_model_mib():.1f} MiB model and optimizer), "
+        f"{scale.run_steps} steps per run, SIGTERM {scale.delay_s[0]:g}-{scale.delay_s[1]:g} s after "
+        f"an attempt resumed training; {args.preemptions} preemptions per configuration{network}",
+        file=out,
+    )
+    print(
+        f"  save (state written + blocking save_sync), median of {len(ours)}: ours {save_s:.3f} s, "
+        f"reference {statistics.median(reference):.3f} s; G = "
+        + ", ".join(f"{g.label} = {g.seconds(save_s, scale.step_s):.3f} s" for g in args.grace),
+        file=out,
+    )
+    supervisors = [
+        Supervisor(c, scale, store, processes, work, args.preemptions, digest, args.seed) for c in configs
+    ]
+    report = {
+        "scale": asdict(scale),
+        "save_s": save_s,
+        "calibration_ours_s": ours,
+        "calibration_reference_s": reference,
+        "configurations": [c.name for c in configs],
+    }
+    return Setup(supervisors, report)
+
+
+def _model_mib() -> float:
+    parameters = 64 * 256 + 256 + 256 * 64 + 64
+    return parameters * 4 * 3 / (1 << 20)  # weights and Adam's two moments, float32
+
+
+@contextlib.contextmanager
+def _store(storage: str, args: argparse.Namespace, run_dir: Path) -> Iterator[Store | None]:
+    """Local disk under the run directory, or a fresh bucket on s3rver behind the proxy."""
+    if storage == "local":
+        yield LocalStore(run_dir / "objects")
+        return
+    if not s3server.s3rver_installed() and not args.install_server:
+        log(
+            "S3 skipped: s3rver is not installed "
+            f"(run with --install-server: npm ci in {s3server.S3RVER_DIR})"
+        )
+        yield None
+        return
+    logs = run_dir / "server-logs"
+    logs.mkdir(exist_ok=True)
+    bucket = f"preempt-{uuid.uuid4().hex[:8]}"
+    with (
+        s3server.running("s3rver", bucket, args.install_server, logs) as server,
+        shaped_proxy(server.port, args.rate_mib, args.rtt_ms, logs) as endpoint,
+    ):
+        yield S3Store(server, endpoint, args.rate_mib, args.rtt_ms)
+
+
+def run_ranks(args: argparse.Namespace, out: TextIO) -> dict[str, Any] | None:
+    """The 4-rank DCP scenario of ``preemption_ranks.py``, when that module exists.
+
+    Its contract: ``run(quick: bool, out: TextIO) -> dict`` returning at least ``targets``, a
+    list of ``{"name", "value", "threshold", "met"}`` (``met``: true, false or null).
+    """
+    if not (HERE / "preemption_ranks.py").exists():
+        return None
+    print("\n4 ranks (preemption_ranks.py)", file=out)
+    try:
+        module = importlib.import_module("preemption_ranks")
+        report: dict[str, Any] = module.run(quick=args.quick, out=out)
+        checks = [
+            Check(f"ranks: {t['name']}", str(t.get("value", "-")), str(t.get("threshold", "-")), t.get("met"))
+            for t in report.get("targets", [])
+        ]
+    except Exception as exc:
+        log(f"preemption_ranks.py failed: {type(exc).__name__}: {exc}")
+        report = {"error": f"{type(exc).__name__}: {exc}"}
+        checks = [Check("ranks: preemption_ranks.py ran", report["error"], "runs", False)]
+    return {"report": report, "checks": checks}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
