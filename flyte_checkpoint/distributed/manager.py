@@ -28,6 +28,7 @@ from flyte_checkpoint.errors import (
     Preempted,
 )
 from flyte_checkpoint.preemption import notice, ranks
+from flyte_checkpoint.progress import log_transfer
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.deadline import finish_by
 
@@ -250,6 +251,7 @@ class DistributedCheckpointManager:
         raise CheckpointCorruptError("no committed step could be loaded: " + "; ".join(reasons))
 
     def _load(self, root: str, step: int, state_dict: dict[str, Any]) -> RestoredStep:
+        started = time.monotonic()
         directory = _commit.step_dir(root, step)
         committed = self._verified_metadata(directory)
         try:
@@ -267,6 +269,9 @@ class DistributedCheckpointManager:
             raise failure from exc
         if root == self.root:
             self.resumed_step = step
+        shards = committed.shards.values()
+        what = f"into this rank (DCP version {committed.version_id}, {len(shards)} shards in all)"
+        log_transfer("loaded", directory, what, sum(shard.size for shard in shards), started)
         return RestoredStep(
             step=step,
             version_id=committed.version_id,

@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import pickle
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -33,6 +34,7 @@ from flyte_checkpoint.distributed import _commit
 from flyte_checkpoint.distributed.location import CheckpointLocation
 from flyte_checkpoint.distributed.records import ItemLocation, SaveTarget, shard_name
 from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError, UnsupportedTypeError
+from flyte_checkpoint.progress import log_transfer
 from flyte_checkpoint.storage import COPY_CHUNK, DIGEST_KEY, Backend, StorageOptions
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.retry import RetryPolicy
@@ -143,6 +145,7 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
     ) -> None:
         StorageWriter.__init__(self)
         CheckpointLocation.__init__(self, checkpoint_dir, storage_options)
+        self._started = time.monotonic()
         self.metadata = _commit.checked_metadata(metadata)
         self.retention = retention
         self.save_id = uuid.uuid4().hex
@@ -158,6 +161,7 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         self._retarget(checkpoint_id)
         self.save_id = uuid.uuid4().hex
         self.version_id = None
+        self._started = time.monotonic()  # DCP resets the writer as each save begins
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if not kwargs.get("use_collectives", True):
@@ -227,6 +231,9 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
             pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL),
             self.metadata,
         )
+        stored = [shards[name] for name in sorted(shards)]
+        what = f"DCP version {version} ({len(stored)} shards, {len(results)} ranks)"
+        log_transfer("saved", self.root, what, sum(shard.size for shard in stored), self._started)
         self._apply_retention()
 
     def _apply_retention(self) -> None:

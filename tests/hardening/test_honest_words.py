@@ -130,3 +130,23 @@ def test_a_multi_part_save_and_load_report_progress_over_all_parts(tmp_path: Pat
         assert total is not None
         assert total > 5 * MiB  # both parts (each pickled a little larger than its bytes)
         assert done[-1] == total
+
+
+def test_a_dcp_save_and_load_each_log_one_line_like_a_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+
+    from flyte_checkpoint.distributed import DistributedCheckpointManager
+
+    manager = DistributedCheckpointManager(tmp_path / "dcp")
+    with caplog.at_level(logging.INFO, logger="flyte_checkpoint"):
+        manager.save(3, {"weights": torch.ones(1024, 256)})
+        manager.load({"weights": torch.zeros(1024, 256)})
+    lines = [record.getMessage() for record in caplog.records if record.name == "flyte_checkpoint"]
+    saved = [line for line in lines if line.startswith(f"saved {tmp_path / 'dcp' / 'step_3'} DCP version")]
+    loaded = [
+        line for line in lines if line.startswith(f"loaded {tmp_path / 'dcp' / 'step_3'} into this rank")
+    ]
+    assert len(saved) == len(loaded) == 1
+    assert all("1.0 MiB in " in line and "MiB/s" in line for line in (*saved, *loaded))
