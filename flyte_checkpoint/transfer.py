@@ -97,9 +97,10 @@ def _save_once(
         return _committed(writer, lambda: writer.write(content), check_unchanged)
     if content.is_dir():
         reporter = ProgressReporter(progress, None) if progress is not None else None
-        with translated_os_errors(str(shown_as), "reading"):
-            # Known before the first byte: S3 takes an upload's metadata when it starts.
-            unpacked = archive.content_size(content)
+        # Known before the first byte: S3 takes an upload's metadata when it starts. Its OS
+        # errors (a path over PATH_MAX, a file vanishing) reach the caller's snapshot, which
+        # names the caller's path, as those of the pack itself do.
+        unpacked = archive.content_size(content)
         metadata = {FORMAT_KEY: "archive", CONTENT_SIZE_KEY: str(unpacked)}
         writer = backend.open_write(uri, metadata, progress=reporter, gate=gate)
         directory = content
