@@ -17,7 +17,7 @@ from tests.signals.processes import running
 from tests.storage_servers import StorageServer, create_bucket
 
 MiB = 1 << 20
-TRIALS = 6
+TRIALS = 4
 
 
 def make_tree(root: Path, files: int, size: int) -> Path:
