@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import shutil
-import stat
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from flyte_checkpoint.errors import (
     BackendNotInstalledError,
     CheckpointCorruptError,
+    CheckpointError,
     CheckpointNotFoundError,
     CheckpointPermissionError,
     CheckpointStorageError,
@@ -131,13 +130,12 @@ def _storage_option(text: str) -> tuple[str, Any]:
 
 
 def _grace_seconds(text: str) -> float:
+    from flyte_checkpoint.preemption.notice import check_grace_seconds
+
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
-    return value
+        return check_grace_seconds(float(text))
+    except ValueError:  # not a number, or (ConfigurationError) not one of seconds > 0
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -398,16 +396,15 @@ def _put(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _tree_size(root: Path) -> int:
-    """The bytes of the regular files under ``root``: a directory archive's size before gzip."""
-    total = 0
-    for directory, _, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(OSError):  # the save itself reports what cannot be read
-                status = os.lstat(os.path.join(directory, name))
-                if stat.S_ISREG(status.st_mode):
-                    total += status.st_size
-    return total
+def _tree_size(root: Path) -> int | None:
+    """The bytes of the regular files under ``root`` (what its archive records), for the bar's
+    estimate; ``None`` when the tree cannot be walked (the save itself then says why)."""
+    from flyte_checkpoint.archive import content_size
+
+    try:
+        return content_size(root)
+    except (OSError, CheckpointError):
+        return None
 
 
 def _ls(args: argparse.Namespace) -> int:

@@ -268,12 +268,12 @@ def _preemptible(execute: _Execute) -> _Execute:
                     PREEMPTED_ERROR_CODE, describe_error(preempted)
                 ) from preempted
             except Exception as failure:
-                current = notice.current_notice()
-                if current is None:
+                ending = notice.preemption_of(failure)
+                if ending is None:
                     raise
-                # After a notice a failure is the preemption's doing (see runners.runtime).
-                message = f"preempted by {current.describe()}; the attempt then failed with {failure!r}"
-                raise flyte.errors.RuntimeSystemError(PREEMPTED_ERROR_CODE, message) from failure
+                raise flyte.errors.RuntimeSystemError(
+                    PREEMPTED_ERROR_CODE, describe_error(ending)
+                ) from failure
 
     return execute_preemptible
 

@@ -72,6 +72,21 @@ def preempted_exit(current: PreemptionNotice, *, detail: str, saved: bool | None
     )
 
 
+def preemption_of(failure: BaseException, account: Preempted | None = None) -> Preempted | None:
+    """The :class:`Preempted` that a failure after the notice stands for; ``None`` without one.
+
+    After a notice the machine is going away, so a failure then (the save at the notice refused
+    for lack of time, a process the SIGTERM ended) is the preemption's doing. ``account`` is the
+    attempt helper's own (:meth:`Checkpoint.preemption`, which knows whether a save committed).
+    """
+    current = _notice
+    if current is None:
+        return None
+    ending = account or preempted_exit(current, detail="whether a save committed after it is not known here")
+    ending.message += f"; the attempt then failed with {type(failure).__name__}: {failure}"
+    return ending
+
+
 def safety_margin(grace_seconds: float) -> float:
     """A tenth of the grace period, between 0.05 and 5 seconds, never more than a quarter of it.
 

@@ -84,18 +84,14 @@ def _saves_accounted(context: TaskContext) -> Iterator[None]:
             raise
         raise helper.preemption() from preempted
     except Exception as failure:
-        # After a notice the machine is going away: a failure then (the save at the notice
-        # refused for lack of time, a process the SIGTERM ended) is the preemption's doing, and
-        # counted as one, never against the user's retries. The failure is kept as the cause.
-        current = notice.current_notice()
-        if current is None:
+        # Counted as a preemption, never against the user's retries; the failure is the cause.
+        if notice.current_notice() is None:
             raise
         helper = context.data.get(CHECKPOINT_CACHE_KEY)
-        if isinstance(helper, Checkpoint):
-            ending = helper.preemption()
-        else:
-            ending = notice.preempted_exit(current, detail="no checkpoint helper was used", saved=False)
-        ending.message += f"; the attempt then failed with {type(failure).__name__}: {failure}"
+        account = helper.preemption() if isinstance(helper, Checkpoint) else None
+        ending = notice.preemption_of(failure, account)
+        if ending is None:  # pragma: no cover - the notice is never withdrawn within an attempt
+            raise
         raise ending from failure
 
 
