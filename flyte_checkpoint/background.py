@@ -91,11 +91,6 @@ class BackgroundSaver:
                     _live.add(self)
                 threading.Thread(target=self._run, name=f"flyte-checkpoint-save {self._name}").start()
 
-    @property
-    def busy(self) -> bool:
-        """Whether an upload is queued or in flight."""
-        return self._busy
-
     def wait(self, *, until: float | None = None) -> None:
         """Block until nothing is queued or in flight; raise the failure of the newest failed save.
 
