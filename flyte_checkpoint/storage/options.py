@@ -12,7 +12,7 @@ import difflib
 import functools
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,14 +52,20 @@ def check_names(options: Mapping[str, Any], accepted: Iterable[str], where: str)
     """Refuse an option not in ``accepted``, suggesting the closest accepted name."""
     allowed = tuple(accepted)
     for name in options:
-        if name in allowed:
-            continue
-        close = difflib.get_close_matches(str(name), allowed, n=1)
-        suggestion = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigurationError(
-            f"storage option {name!r} is not accepted by {where}{suggestion}; check its spelling or "
-            f"remove it. Accepted: {', '.join(allowed)}"
-        )
+        if name not in allowed:
+            raise unknown_option(str(name), allowed, where)
+
+
+def unknown_option(name: str, accepted: Sequence[str], where: str) -> ConfigurationError:
+    """The error for storage option ``name``, which ``where`` does not accept (empty ``accepted``:
+    the list could not be had)."""
+    close = difflib.get_close_matches(name, accepted, n=1)
+    suggestion = f" (did you mean {close[0]!r}?)" if close else ""
+    listed = ", ".join(accepted) or "see the fsspec implementation's documentation"
+    return ConfigurationError(
+        f"storage option {name!r} is not accepted by {where}{suggestion}; check its spelling or "
+        f"remove it. Accepted: {listed}"
+    )
 
 
 def validation_error(exc: ValidationError, where: str) -> ConfigurationError:

@@ -240,15 +240,14 @@ def unknown_option_error(exc: BaseException, scheme: str) -> ConfigurationError 
     match = _UNEXPECTED_KEYWORD.search(str(exc)) if isinstance(exc, TypeError) else None
     if match is None:
         return None
+    from flyte_checkpoint.storage.options import unknown_option
+
     try:
-        accepted = ", ".join(accepted_options(scheme))
+        accepted = accepted_options(scheme)
     except (ImportError, KeyError, ValueError, TypeError) as error:  # only the hint is lost
         logger.debug("could not list the storage options of %s://: %r", scheme, error)
-        accepted = "see the fsspec implementation's documentation"
-    return ConfigurationError(
-        f"storage option {match.group(1)!r} is not accepted by {scheme}:// storage; check its "
-        f"spelling or remove it. Accepted: {accepted}"
-    )
+        accepted = []
+    return unknown_option(match.group(1), accepted, f"{scheme}:// storage")
 
 
 def to_checkpoint_error(exc: BaseException, uri: str, action: str, scheme: str) -> BaseException:
