@@ -68,6 +68,26 @@ class BackgroundSaver:
                 if self._pausers == 0:
                     self._may_upload.set()
 
+    @contextlib.contextmanager
+    def superseding(self) -> Iterator[None]:
+        """Hold the upload in flight, and drop the queued one, while the caller saves a newer state.
+
+        For the final save after a preemption notice, which cannot afford to wait for an older
+        upload. The held upload resumes when the block ends: its helper's commit order then ends
+        it at its next write if the newer save committed, and lets it go on if that one failed.
+        """
+        with self._condition:
+            if self._queued is not None:
+                self._queued[1].discard()
+                self._queued = None
+                self.superseded += 1
+        with self.paused():
+            yield
+        with self._condition:  # the newer state committed: an older failure no longer matters
+            if self._error is not None:
+                self._log_overtaken(self._error[1], "succeeded")
+                self._error = None
+
     def submit(self, snapshot: Snapshot) -> None:
         """Queue ``snapshot`` for upload, replacing a queued one.
 

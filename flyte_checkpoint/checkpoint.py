@@ -15,6 +15,7 @@ from types import TracebackType
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits
 from flyte_checkpoint.background import BackgroundSaver
+from flyte_checkpoint.commit_order import CommitOrder, OrderedGate, SupersededError
 from flyte_checkpoint.context import ctx, current_attempt_number
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
@@ -167,6 +168,7 @@ class Checkpoint(BaseCheckpoint):
         self._loaded = False
         self._restored: Path | None = None
         self._budget = SaveBudget()
+        self._order = CommitOrder()
 
     # -- locations --------------------------------------------------------------------------
 
@@ -318,7 +320,10 @@ class Checkpoint(BaseCheckpoint):
         do not leak into it. At most one background save is in flight; a newer one supersedes a
         queued one. Its failure is raised by the next save, :meth:`wait_sync` or :meth:`close`,
         unless a newer save succeeded after it (the newest state wins; it is logged at WARNING).
-        A blocking save first waits for background saves, so saves land in call order.
+        A blocking save first waits for background saves, so saves land in call order. After a
+        preemption notice it does not wait: the background upload in flight is paused while
+        this one, the newer state, uses the time left; if this one commits, the older one is
+        discarded (it can never commit over it), and if it fails the older one goes on.
 
         ``progress(bytes_written, total)`` is called as the object is written; ``total`` is
         known for bytes and files, ``None`` for a directory (its archive size is not known ahead).
@@ -337,11 +342,17 @@ class Checkpoint(BaseCheckpoint):
             with self._background_saver().paused():
                 snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
             snapshot.progress = progress
+            snapshot.ticket = self._order.ticket()
             self._background_saver().submit(snapshot)
+            return
+        if notice.current_notice() is not None and self._saver is not None:
+            self._budget.check_fits(content, self._dest)
+            with self._saver.superseding():
+                self._upload(Snapshot(content, progress=progress, ticket=self._order.ticket()))
             return
         self.wait_sync()
         self._budget.check_fits(content, self._dest)
-        self._upload(Snapshot(content, progress=progress))
+        self._upload(Snapshot(content, progress=progress, ticket=self._order.ticket()))
 
     def _refuse_destination_inside(self, content: bytes | Path) -> None:
         """Refuse a directory whose local destination lies inside it: every save would pack the
@@ -387,22 +398,45 @@ class Checkpoint(BaseCheckpoint):
         return self._saver
 
     def _upload(self, snapshot: Snapshot) -> None:
-        with notice.save_in_flight(), self._budget.measure(snapshot.data), finish_by(notice.save_ceiling()):
-            self._save_snapshot(snapshot)
+        with notice.save_in_flight(), finish_by(notice.save_ceiling()):
+            try:
+                with self._budget.measure(snapshot.data):
+                    self._save_snapshot(snapshot)
+            except SupersededError as superseded:
+                # Not a failure: the checkpoint holds a newer state than this save's.
+                logger.info("%s", superseded)
 
     def _save_snapshot(self, snapshot: Snapshot) -> None:
-        with snapshot.errors_for_the_caller():
-            save_object(
-                self._dest_backend,
-                self._dest,
-                snapshot.data,
-                retry=self._retry,
-                compression_level=self._level,
-                progress=snapshot.progress,
-                gate=snapshot.gate,
-                check_unchanged=snapshot.verify_unchanged,
-                shown_as=snapshot.user_path,
-            )
+        ticket = snapshot.ticket
+        gate = snapshot.gate
+        if ticket is not None and gate is not None:
+            gate = OrderedGate(gate, self._order, ticket, self._dest)
+        try:
+            with snapshot.errors_for_the_caller():
+                save_object(
+                    self._dest_backend,
+                    self._dest,
+                    snapshot.data,
+                    retry=self._retry,
+                    compression_level=self._level,
+                    progress=snapshot.progress,
+                    gate=gate,
+                    check_unchanged=snapshot.verify_unchanged,
+                    shown_as=snapshot.user_path,
+                    commit_turn=None if ticket is None else lambda: self._order.turn(ticket, self._dest),
+                )
+        except Exception as error:
+            # A save a newer one overtook may fail for that reason (paused past its transfer
+            # bound): it is superseded all the same, whatever it raised.
+            if (
+                ticket is not None
+                and not isinstance(error, SupersededError)
+                and self._order.superseded(ticket)
+            ):
+                raise SupersededError(
+                    f"a newer save to {self._dest} committed first; this older one failed: {error}"
+                ) from error
+            raise
 
     # -- lifetime ----------------------------------------------------------------------------
 

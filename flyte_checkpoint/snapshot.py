@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import stat
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from flyte_checkpoint.lockfiles import (
     sweep_abandoned,
 )
 from flyte_checkpoint.progress import ProgressCallback
+from flyte_checkpoint.storage.base import WriteGate
 from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
 
 _Stamp = tuple[int, int]
@@ -65,8 +65,10 @@ class Snapshot:
     """The caller's path that ``data`` is a snapshot of; ``None`` when ``data`` is that path."""
     stamps: dict[str, _Stamp] = field(default_factory=dict)
     progress: ProgressCallback | None = None
-    gate: threading.Event | None = None
+    gate: WriteGate | None = None
     """Set while the upload may write; cleared while the caller takes the next snapshot."""
+    ticket: int | None = None
+    """This save's place in its helper's call order (see :mod:`flyte_checkpoint.commit_order`)."""
     lock_fd: int | None = None
 
     @property

@@ -16,9 +16,9 @@ from __future__ import annotations
 import io
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import IO, TypeVar, cast
 
@@ -27,7 +27,7 @@ from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, InputChangedError, add_context
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, log_transfer
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
-from flyte_checkpoint.storage.base import CONTENT_SIZE_KEY, COPY_CHUNK
+from flyte_checkpoint.storage.base import CONTENT_SIZE_KEY, COPY_CHUNK, WriteGate
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 
@@ -52,9 +52,10 @@ def save_object(
     retry: RetryPolicy = DEFAULT_RETRY,
     compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL,
     progress: ProgressCallback | None = None,
-    gate: threading.Event | None = None,
+    gate: WriteGate | None = None,
     check_unchanged: Callable[[], None] | None = None,
     shown_as: Path | None = None,
+    commit_turn: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> ObjectInfo:
     """Store ``content`` as the one object at ``uri``, atomically, retrying transient failures.
 
@@ -64,7 +65,9 @@ def save_object(
     first waits until it is set. ``check_unchanged`` runs after the last byte is written and
     before the commit: raising there discards the upload and keeps the previous object.
     ``shown_as`` is the path that logs and errors name instead of ``content`` (the caller's own
-    path when ``content`` is a private snapshot of it).
+    path when ``content`` is a private snapshot of it). ``commit_turn`` is entered just before
+    the commit and held across it (a helper's :meth:`CommitOrder.turn`): raising there discards
+    the upload as well.
     """
     started = time.monotonic()
     if isinstance(content, bytes):
@@ -74,7 +77,15 @@ def save_object(
 
     def once() -> ObjectInfo:
         return _save_once(
-            backend, uri, content, compression_level, progress, gate, check_unchanged, shown_as or content
+            backend,
+            uri,
+            content,
+            compression_level,
+            progress,
+            gate,
+            check_unchanged,
+            shown_as or content,
+            commit_turn,
         )
 
     info = retry.call(once, describe=f"saving {uri}")
@@ -88,13 +99,14 @@ def _save_once(
     content: bytes | Path,
     level: int,
     progress: ProgressCallback | None,
-    gate: threading.Event | None,
+    gate: WriteGate | None,
     check_unchanged: Callable[[], None] | None,
     shown_as: bytes | Path,
+    commit_turn: Callable[[], AbstractContextManager[None]] | None,
 ) -> ObjectInfo:
     if isinstance(content, bytes):
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, content, progress=progress, gate=gate)
-        return _committed(writer, lambda: writer.write(content), check_unchanged)
+        return _committed(writer, lambda: writer.write(content), check_unchanged, commit_turn)
     if content.is_dir():
         reporter = ProgressReporter(progress, None) if progress is not None else None
         # Known before the first byte: S3 takes an upload's metadata when it starts. Its OS
@@ -108,7 +120,7 @@ def _save_once(
         def pack() -> None:
             archive.pack_directory(directory, cast(IO[bytes], writer), level=level)
 
-        return _committed(writer, pack, check_unchanged)
+        return _committed(writer, pack, check_unchanged, commit_turn)
     with translated_os_errors(str(shown_as), "reading"), open(content, "rb") as source:
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, source, progress=progress, gate=gate)
         opened = _version_of(source)
@@ -126,7 +138,7 @@ def _save_once(
                 )
 
         try:
-            return _committed(writer, lambda: writer.write_from(source), check)
+            return _committed(writer, lambda: writer.write_from(source), check, commit_turn)
         except InputChangedError as exc:
             if isinstance(shown_as, Path) and shown_as != content:  # it names the private snapshot read
                 add_context(exc, f"{content} is the snapshot of {shown_as} this save was reading")
@@ -142,17 +154,24 @@ def _version_of(source: IO[bytes]) -> tuple[int, int]:
 
 
 def _committed(
-    writer: ObjectWriter, fill: Callable[[], object], check_unchanged: Callable[[], None] | None
+    writer: ObjectWriter,
+    fill: Callable[[], object],
+    check_unchanged: Callable[[], None] | None,
+    commit_turn: Callable[[], AbstractContextManager[None]] | None,
 ) -> ObjectInfo:
-    """Fill ``writer``, check the input, commit; on any failure (interrupts too) abort instead."""
-    try:
-        fill()
-        if check_unchanged is not None:
-            check_unchanged()
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.commit()
+    """Fill ``writer``, check the input, take the commit turn, commit; on any failure before the
+    commit (interrupts too) abort instead."""
+    with ExitStack() as turn:
+        try:
+            fill()
+            if check_unchanged is not None:
+                check_unchanged()
+            if commit_turn is not None:
+                turn.enter_context(commit_turn())
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.commit()
 
 
 # -- loading ---------------------------------------------------------------------------------

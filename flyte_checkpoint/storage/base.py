@@ -6,7 +6,6 @@ import abc
 import contextlib
 import io
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -36,6 +35,15 @@ FSYNC_OPTION = "fsync"
 """Storage option (and, as ``FLYTE_CHECKPOINT_FSYNC``, environment variable) that makes local
 writes durable against power loss, not only atomic. Object stores ignore it: they are durable
 once an upload completes."""
+
+
+class WriteGate(Protocol):
+    """What a pending object's writes wait on: a background save's pause (a ``threading.Event``
+    will do). ``wait`` may raise to end the save, which then aborts like any failed write."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    def is_set(self) -> bool: ...
 
 
 class ReadsInto(Protocol):
@@ -112,7 +120,7 @@ class ObjectWriter(abc.ABC):
     """
 
     def __init__(
-        self, uri: str, *, progress: ProgressReporter | None = None, gate: threading.Event | None = None
+        self, uri: str, *, progress: ProgressReporter | None = None, gate: WriteGate | None = None
     ) -> None:
         self.uri = uri
         self._digest = ContentDigest()
@@ -357,7 +365,7 @@ class Backend(abc.ABC):
         declared_digest: str | None = None,
         declared_size: int | None = None,
         progress: ProgressReporter | None = None,
-        gate: threading.Event | None = None,
+        gate: WriteGate | None = None,
     ) -> ObjectWriter:
         """Start an atomic write of one object at ``uri``.
 
@@ -373,7 +381,7 @@ class Backend(abc.ABC):
         content: bytes | io.BufferedReader,
         *,
         progress: ProgressCallback | None = None,
-        gate: threading.Event | None = None,
+        gate: WriteGate | None = None,
     ) -> ObjectWriter:
         """Start an atomic write of ``content`` whose length is known: bytes, or a regular file
         open for reading at its start (left at its start again).

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import importlib
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Protocol, cast
@@ -41,6 +40,7 @@ from flyte_checkpoint.storage.base import (
     ObjectInfo,
     ObjectWriter,
     VerifyingReader,
+    WriteGate,
 )
 from flyte_checkpoint.storage.deadline import Deadline
 from flyte_checkpoint.storage.options import (
@@ -195,7 +195,7 @@ class FsspecBackend(Backend):
         declared_digest: str | None = None,
         declared_size: int | None = None,
         progress: ProgressReporter | None = None,
-        gate: threading.Event | None = None,
+        gate: WriteGate | None = None,
     ) -> ObjectWriter:
         # Atomic: nothing is visible until the store completes the upload in commit() (see the
         # module docstring); a failure aborts it.

@@ -30,6 +30,7 @@ from flyte_checkpoint.storage.base import (
     ObjectWriter,
     ReadsInto,
     VerifyingReader,
+    WriteGate,
 )
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.kernel_copy import KernelCopy, regular_file_descriptor
@@ -125,7 +126,7 @@ class LocalWriter(ObjectWriter):
         *,
         fsync: bool,
         progress: ProgressReporter | None = None,
-        gate: threading.Event | None = None,
+        gate: WriteGate | None = None,
     ) -> None:
         super().__init__(uri, progress=progress, gate=gate)
         self.metadata.update(metadata)
@@ -326,7 +327,7 @@ class LocalBackend(Backend):
         declared_digest: str | None = None,
         declared_size: int | None = None,
         progress: ProgressReporter | None = None,
-        gate: threading.Event | None = None,
+        gate: WriteGate | None = None,
     ) -> ObjectWriter:
         writer = LocalWriter(uri, local_path(uri), metadata, fsync=self.fsync, progress=progress, gate=gate)
         writer.declare(declared_digest, declared_size)

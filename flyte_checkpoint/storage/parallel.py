@@ -46,6 +46,7 @@ from flyte_checkpoint.storage.base import (
     ObjectInfo,
     ObjectWriter,
     ReadsInto,
+    WriteGate,
 )
 from flyte_checkpoint.storage.deadline import Deadline, outside_deadlines
 from flyte_checkpoint.storage.digests import crc32
@@ -455,7 +456,7 @@ class ParallelWriter(ObjectWriter):
         declared_digest: str | None = None,
         declared_size: int | None = None,
         progress: ProgressReporter | None = None,
-        gate: threading.Event | None = None,
+        gate: WriteGate | None = None,
         deadline: Deadline | None = None,
     ) -> ParallelWriter:
         """A writer with :meth:`Backend.open_write`'s contract: the commit refuses content that
@@ -484,7 +485,7 @@ class ParallelWriter(ObjectWriter):
         *,
         expected_size: int | None = None,
         progress: ProgressReporter | None = None,
-        gate: threading.Event | None = None,
+        gate: WriteGate | None = None,
         deadline: Deadline | None = None,
     ) -> None:
         super().__init__(target.uri, progress=progress, gate=gate)

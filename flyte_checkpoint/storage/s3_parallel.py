@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
-import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
 from flyte_checkpoint.progress import ProgressReporter
-from flyte_checkpoint.storage.base import DIGEST_KEY, ObjectInfo
+from flyte_checkpoint.storage.base import DIGEST_KEY, ObjectInfo, WriteGate
 from flyte_checkpoint.storage.deadline import Deadline
 from flyte_checkpoint.storage.fsspec_store import our_metadata
 from flyte_checkpoint.storage.parallel import (
@@ -252,7 +251,7 @@ def open_s3_writer(
     declared_digest: str | None = None,
     declared_size: int | None = None,
     progress: ProgressReporter | None = None,
-    gate: threading.Event | None = None,
+    gate: WriteGate | None = None,
     deadline: Deadline | None = None,
 ) -> ParallelWriter:
     """An atomic, parallel upload to ``uri`` through ``fs`` (an ``s3fs.S3FileSystem``).
