@@ -7,6 +7,7 @@ from typing import Any
 
 from flyte_checkpoint.distributed import _commit
 from flyte_checkpoint.errors import CheckpointError
+from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.storage import Backend, StorageOptions
 from flyte_checkpoint.uris import check_supported
 
@@ -15,17 +16,25 @@ class CheckpointLocation:
     """A checkpoint directory (local path or storage URI) and the options to reach it."""
 
     def __init__(
-        self, checkpoint_dir: str | os.PathLike[str], storage_options: StorageOptions | None
+        self,
+        checkpoint_dir: str | os.PathLike[str],
+        storage_options: StorageOptions | None,
+        progress: ProgressCallback | None = None,
     ) -> None:
         self.root = _commit.root_of(checkpoint_dir)
         self.storage_options = dict(storage_options) if storage_options is not None else None
+        self.progress = progress
+        """``progress(bytes_done, total)`` of this rank's transfers (``total`` ``None`` on save)."""
         self._backend: Backend | None = None
 
     # The backend holds clients and event loops that do not pickle: a pickled writer (async_save
-    # in process mode) builds its own on first use.
+    # in process mode) builds its own on first use. A progress callback belongs to the process
+    # that gave it (often a closure, which does not pickle either), so a copy in another
+    # process reports nothing.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_backend"] = None
+        state["progress"] = None
         return state
 
     @property

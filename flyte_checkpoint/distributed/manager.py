@@ -28,7 +28,7 @@ from flyte_checkpoint.errors import (
     Preempted,
 )
 from flyte_checkpoint.preemption import notice, ranks
-from flyte_checkpoint.progress import log_transfer
+from flyte_checkpoint.progress import ProgressCallback, log_transfer
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.deadline import finish_by
 
@@ -124,7 +124,9 @@ class DistributedCheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def writer(self, step: int, *, metadata: dict[str, Any] | None = None) -> CheckpointWriter:
+    def writer(
+        self, step: int, *, metadata: dict[str, Any] | None = None, progress: ProgressCallback | None = None
+    ) -> CheckpointWriter:
         """The storage writer of ``step``, carrying this manager's retention."""
         retention = None
         if self.keep_last is not None:
@@ -135,10 +137,21 @@ class DistributedCheckpointManager:
             storage_options=self.storage_options,
             metadata={"step": step, **(metadata or {})},
             retention=retention,
+            progress=progress,
         )
 
-    def save(self, step: int, state_dict: dict[str, Any], *, metadata: dict[str, Any] | None = None) -> None:
+    def save(
+        self,
+        step: int,
+        state_dict: dict[str, Any],
+        *,
+        metadata: dict[str, Any] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
         """Save ``state_dict`` as ``step`` (replacing an earlier save of it atomically), then retain.
+
+        ``progress(bytes_written, None)`` is told how far this rank's shard got (its size is
+        known only once DCP has resolved every item), on every rank that gives one.
 
         After a preemption notice the save must commit by the save deadline (a margin before the
         expected SIGKILL): a rank's write that cannot is stopped with
@@ -146,7 +159,7 @@ class DistributedCheckpointManager:
         rank (its ``CheckpointException``; :func:`checkpoint_failure` gives ours), and the
         previous step stays the newest committed one.
         """
-        writer = self.writer(step, metadata=metadata)
+        writer = self.writer(step, metadata=metadata, progress=progress)
         with notice.save_in_flight(), finish_by(notice.save_ceiling()):
             dcp_save(state_dict, storage_writer=writer, process_group=self.process_group)
         self._last_commit = (step, time.monotonic())
@@ -158,11 +171,16 @@ class DistributedCheckpointManager:
         *,
         metadata: dict[str, Any] | None = None,
         async_checkpointer_type: AsyncCheckpointerType = AsyncCheckpointerType.THREAD,
+        progress: ProgressCallback | None = None,
     ) -> Future[Any] | AsyncSaveResponse:
-        """Like :meth:`save`, in the background: ``dcp.async_save``'s future completes after the commit."""
+        """Like :meth:`save`, in the background: ``dcp.async_save``'s future completes after the commit.
+
+        ``progress`` is called from the thread that uploads; in ``AsyncCheckpointerType.PROCESS``
+        mode the upload runs in another process, which cannot call it, so it is not called.
+        """
         return dcp_async_save(
             state_dict,
-            storage_writer=self.writer(step, metadata=metadata),
+            storage_writer=self.writer(step, metadata=metadata, progress=progress),
             process_group=self.process_group,
             async_checkpointer_type=async_checkpointer_type,
         )
@@ -213,8 +231,13 @@ class DistributedCheckpointManager:
 
     # ---------------------------------------------------------------- load
 
-    def load(self, state_dict: dict[str, Any], *, step: int | None = None) -> RestoredStep | None:
+    def load(
+        self, state_dict: dict[str, Any], *, step: int | None = None, progress: ProgressCallback | None = None
+    ) -> RestoredStep | None:
         """Restore ``step``, or the newest committed step that verifies; ``None`` when there is none.
+
+        ``progress(bytes_read, total)`` is told how far this rank got through the shards it
+        reads (``total``: their size); a fall-back to an older step starts it again from 0.
 
         With ``step=None`` a step whose metadata or any shard fails verification is skipped with a
         warning, and the next older one tried (those of ``root`` first, then of ``resume_from``);
@@ -222,7 +245,7 @@ class DistributedCheckpointManager:
         raised as is. An explicit ``step`` (of ``root``) is loaded or raises.
         """
         if step is not None:
-            return self._load(self.root, _check_step(step), state_dict)
+            return self._load(self.root, _check_step(step), state_dict, progress)
         # Listed by rank 0 for all: ranks listing on their own could race a save and disagree.
         own = self._agreed(self.steps)
         candidates = [(self.root, found) for found in reversed(own)]
@@ -235,7 +258,7 @@ class DistributedCheckpointManager:
         reasons: list[str] = []
         for index, (root, candidate) in enumerate(candidates):
             try:
-                return self._load(root, candidate, state_dict)
+                return self._load(root, candidate, state_dict, progress)
             except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
                 reasons.append(f"{root} step {candidate}: {exc}")
                 older = candidates[index + 1] if index + 1 < len(candidates) else None
@@ -250,7 +273,9 @@ class DistributedCheckpointManager:
                 )
         raise CheckpointCorruptError("no committed step could be loaded: " + "; ".join(reasons))
 
-    def _load(self, root: str, step: int, state_dict: dict[str, Any]) -> RestoredStep:
+    def _load(
+        self, root: str, step: int, state_dict: dict[str, Any], progress: ProgressCallback | None
+    ) -> RestoredStep:
         started = time.monotonic()
         directory = _commit.step_dir(root, step)
         committed = self._verified_metadata(directory)
@@ -258,7 +283,7 @@ class DistributedCheckpointManager:
             dcp_load(
                 state_dict,
                 storage_reader=CheckpointReader(
-                    directory, storage_options=self.storage_options, committed=committed
+                    directory, storage_options=self.storage_options, committed=committed, progress=progress
                 ),
                 process_group=self.process_group,
             )

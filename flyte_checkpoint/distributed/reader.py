@@ -30,6 +30,7 @@ from flyte_checkpoint.errors import (
     CheckpointError,
     CheckpointUnavailableError,
 )
+from flyte_checkpoint.progress import ProgressCallback, combined
 from flyte_checkpoint.storage import StorageOptions, VerifyingReader
 from flyte_checkpoint.storage.digests import ContentDigest
 
@@ -86,9 +87,10 @@ class CheckpointReader(CheckpointLocation, StorageReader):
         *,
         storage_options: StorageOptions | None = None,
         committed: CommittedMetadata | None = None,
+        progress: ProgressCallback | None = None,
     ) -> None:
         StorageReader.__init__(self)
-        CheckpointLocation.__init__(self, checkpoint_dir, storage_options)
+        CheckpointLocation.__init__(self, checkpoint_dir, storage_options, progress)
         self.load_id = uuid.uuid4().hex
         self.committed = committed
 
@@ -137,8 +139,15 @@ class CheckpointReader(CheckpointLocation, StorageReader):
         by_object: dict[str, list[ReadItem]] = defaultdict(list)
         for request in plan.items:
             by_object[locations[request.storage_index].object_name].append(request)
+        shards = self.committed.shards
+        # What this rank reads: the whole of each shard holding an item it needs, front to back.
+        told = combined(self.progress, sum(shards[name].size for name in by_object if name in shards))
         for name, requests in sorted(by_object.items()):
-            self._read_object(name, requests, locations, planner)
+            self._read_object(
+                name, requests, locations, planner, None if told is None else told.reader_part()
+            )
+        if told is not None:
+            told.finish()
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -149,6 +158,7 @@ class CheckpointReader(CheckpointLocation, StorageReader):
         requests: list[ReadItem],
         locations: dict[MetadataIndex, ItemLocation],
         planner: LoadPlanner,
+        progress: ProgressCallback | None,
     ) -> None:
         assert self.committed is not None
         version = self.committed.version_id
@@ -159,7 +169,7 @@ class CheckpointReader(CheckpointLocation, StorageReader):
                 f"checkpoint {self.root} is damaged: DCP's metadata places items in shard {uri}, "
                 "which the commit's manifest does not record"
             )
-        reader = self.backend.open_read(uri)
+        reader = self.backend.open_read(uri, progress=progress)
         if reader is None:
             self._raise_missing(uri)
         assert reader is not None
@@ -170,6 +180,8 @@ class CheckpointReader(CheckpointLocation, StorageReader):
                     f"{recorded.size} were written"
                 )
             _deliver_items(reader, uri, requests, locations, planner)
+            if progress is not None:  # done with it: bytes after the last item needed are not read
+                progress(reader.info.size, reader.info.size)
 
     def _raise_missing(self, uri: str) -> None:
         assert self.committed is not None

@@ -34,7 +34,7 @@ from flyte_checkpoint.distributed import _commit
 from flyte_checkpoint.distributed.location import CheckpointLocation
 from flyte_checkpoint.distributed.records import ItemLocation, SaveTarget, shard_name
 from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError, UnsupportedTypeError
-from flyte_checkpoint.progress import log_transfer
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, log_transfer
 from flyte_checkpoint.storage import COPY_CHUNK, DIGEST_KEY, Backend, StorageOptions
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.retry import RetryPolicy
@@ -85,10 +85,16 @@ def write_shard(
     object_name: str,
     items: Iterable[WriteItem],
     resolve: Callable[[WriteItem], Any],
+    progress: ProgressCallback | None = None,
 ) -> list[WriteResult]:
-    """Write ``items`` into one object at ``uri`` atomically; the results locate and pin each item."""
+    """Write ``items`` into one object at ``uri`` atomically; the results locate and pin each item.
+
+    ``progress(bytes_written, None)`` is told how far the object got (its size is known only
+    once DCP has resolved every item).
+    """
     placed: list[tuple[WriteItem, int, int, str, str | None, tuple[int, ...] | None]] = []
-    writer = backend.open_write(uri, {})
+    reporter = ProgressReporter(progress, None) if progress is not None else None
+    writer = backend.open_write(uri, {}, progress=reporter)
     try:
         for item in items:
             view, dtype, shape = encoded_item(item, resolve(item))
@@ -142,9 +148,10 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         storage_options: StorageOptions | None = None,
         metadata: dict[str, Any] | None = None,
         retention: Retention | None = None,
+        progress: ProgressCallback | None = None,
     ) -> None:
         StorageWriter.__init__(self)
-        CheckpointLocation.__init__(self, checkpoint_dir, storage_options)
+        CheckpointLocation.__init__(self, checkpoint_dir, storage_options, progress)
         self._started = time.monotonic()
         self.metadata = _commit.checked_metadata(metadata)
         self.retention = retention
@@ -198,7 +205,9 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         results: list[WriteResult] = []
         if bytes_first:
             results = RETRY.call(
-                lambda: write_shard(self.backend, uri, target.object_name, bytes_first, planner.resolve_data),
+                lambda: write_shard(
+                    self.backend, uri, target.object_name, bytes_first, planner.resolve_data, self.progress
+                ),
                 describe=f"saving {uri}",
             )
         future: Future[list[WriteResult]] = Future()

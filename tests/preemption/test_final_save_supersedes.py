@@ -52,7 +52,8 @@ def stored(helper: Checkpoint, tmp_path: Path) -> bytes:
         tmp_path / "reader-unused", helper.remote_destination, storage_options=helper._storage_options
     ) as reader:
         restored = reader.load_sync()
-        assert restored is not None and restored.is_file()
+        assert restored is not None
+        assert restored.is_file()
         return restored.read_bytes()
 
 
@@ -103,7 +104,8 @@ def test_the_background_save_in_flight_goes_on_when_the_final_save_is_refused(tm
     notice.clear()
     helper.wait_sync()
     restored = Checkpoint(tmp_path / "unused", tmp_path / "ckpt").load_sync()
-    assert restored is not None and restored.is_dir()
+    assert restored is not None
+    assert restored.is_dir()
     assert sorted(p.name for p in restored.iterdir()) == [f"shard-{index}.bin" for index in range(8)]
 
 
@@ -135,7 +137,7 @@ def test_a_save_whose_ticket_is_older_than_a_committed_one_is_refused_its_commit
 def test_a_save_that_fails_its_commit_does_not_supersede_older_ones() -> None:
     order = CommitOrder()
     older, newer = order.ticket(), order.ticket()
-    with pytest.raises(OSError), order.turn(newer, "file:///ckpt"):
+    with pytest.raises(OSError, match="refused"), order.turn(newer, "file:///ckpt"):
         raise OSError("the store refused the commit")
     with order.turn(older, "file:///ckpt"):
         pass
