@@ -57,7 +57,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TextIO
@@ -1113,6 +1113,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--calibration-saves", type=int, help="blocking saves timed per storage (5)")
     parser.add_argument("--rate-mib", type=float, default=8.0, help="S3: MiB/s per connection and direction")
     parser.add_argument("--rtt-ms", type=float, default=20.0, help="S3: added round-trip time (default 20)")
+    parser.add_argument(
+        "--local-mib",
+        type=float,
+        help=f"local: MiB of extra state (default {SCALES['local'].extra_mib:g}); with a larger state the "
+        "save and so G grow past the scheduling noise of a busy machine",
+    )
+    parser.add_argument(
+        "--local-step-ms", type=float, help=f"local: step time (default {SCALES['local'].step_s * 1000:g})"
+    )
     parser.add_argument("--install-server", action="store_true", help="npm ci in benchmarks/s3rver if needed")
     parser.add_argument("--no-ranks", action="store_true", help="skip preemption_ranks.py's 4-rank scenario")
     parser.add_argument("--seed", type=int, default=21, help="seed of the SIGTERM instants")
@@ -1169,7 +1178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: argparse.Namespace, run_dir: Path, processes: Processes, out: TextIO) -> int:
     started = time.monotonic()
     load_start = os.getloadavg()[0]
-    scales = QUICK_SCALES if args.quick else SCALES
+    scales = dict(QUICK_SCALES if args.quick else SCALES)
+    if args.local_mib is not None:
+        scales["local"] = replace(scales["local"], extra_mib=args.local_mib)
+    if args.local_step_ms is not None:
+        scales["local"] = replace(scales["local"], step_s=args.local_step_ms / 1000)
     machine = describe_machine()
     cold = None if args.quick else cold_start_s()
     print(
