@@ -70,7 +70,9 @@ def _check(site: Path, screenshots: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def clean_run(site: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def clean_run(
+    site: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     screenshots = tmp_path_factory.mktemp("screenshots")
     return _check(site, screenshots), screenshots
 
