@@ -46,7 +46,8 @@ import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.transforms import ScaledTranslation
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -114,19 +115,25 @@ def _machine(report: Report) -> str:
     return text
 
 
-FOOTNOTE_IN = 0.38
-"""Height kept free under the axes for the command line and the machine."""
+FOOTNOTE_LINE_IN = 0.13
+"""Height of one footnote line: the command lines and the machine, under the axes."""
 
 
-def _figure(report: Report, title: str, width: float, height: float) -> Figure:
-    """A figure with ``title`` at the top left and, at the bottom, how its results were produced."""
-    height += FOOTNOTE_IN
-    engine = ConstrainedLayoutEngine(rect=(0.0, FOOTNOTE_IN / height, 1.0, 1.0 - FOOTNOTE_IN / height))
+def _command(report: Report) -> str:
+    produced = report.get("produced", {})
+    return " ".join(["python", produced.get("benchmark", "?"), *produced.get("arguments", [])])
+
+
+def _figure(report: Report, title: str, width: float, height: float, *also: Report) -> Figure:
+    """A figure with ``title`` at the top left and, at the bottom, how its results were produced:
+    the command of ``report`` and of each report in ``also``, and the machine."""
+    lines = [_command(r) for r in (report, *also)] + [_machine(report)]
+    footnote = FOOTNOTE_LINE_IN * len(lines) + 0.12
+    height += footnote
+    engine = ConstrainedLayoutEngine(rect=(0.0, footnote / height, 1.0, 1.0 - footnote / height))
     figure = Figure(figsize=(width, height), layout=engine)
     figure.suptitle(title, x=0.01, ha="left", fontsize=10, fontweight="bold")
-    produced = report.get("produced", {})
-    command = " ".join(["python", produced.get("benchmark", "?"), *produced.get("arguments", [])])
-    figure.text(0.01, 0.01, f"{command}\n{_machine(report)}", fontsize=7, color="#555555", va="bottom")
+    figure.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="#555555", va="bottom")
     return figure
 
 
@@ -297,9 +304,8 @@ def draw_memory(reports: dict[str, Report]) -> Figure:
         if bars:
             groups.append((op, bars))
     rows = sum(len(bars) for _, bars in groups)
-    figure = _figure(
-        report, "Peak memory per operation on local disk (worst run)", 8.0, 0.9 + 0.2 * (rows + len(groups))
-    )
+    title = "Peak memory per operation on local disk (worst run)"
+    figure = _figure(report, title, 8.0, 0.9 + 0.2 * (rows + len(groups)), *([large] if large else []))
     axes = figure.add_subplot()
     _hbars(axes, groups)
     limit = _threshold_mib(report, "peak RSS")
@@ -358,63 +364,68 @@ def draw_objectstore(reports: dict[str, Report]) -> Figure:
 # ------------------------------------------------------------------------------------- preemption
 
 
-def draw_preemption(reports: dict[str, Report]) -> Figure:
-    report = reports["preemption.json"]
-    configurations = report["configurations"]
-    names = [
-        f"{c['name']}  (G = {c['grace_s']:.2f} s)" if "grace_s" in c else c["name"] for c in configurations
-    ]
-    committed = [float(c["committed_in_grace"]) for c in configurations]
-    kept = [float(c["previous_survived"] - c["committed_in_grace"]) for c in configurations]
-    bad = [float(sum(c["bad"].values())) for c in configurations]
-    other = [float(c["preemptions"]) - committed[i] - kept[i] - bad[i] for i, c in enumerate(configurations)]
-    height = 1.6 + 0.3 * len(configurations)
-    figure = _figure(
-        report, "Preemptions: SIGTERM at a random instant, SIGKILL after the grace period G", 9.0, height
-    )
-    tallies, lost = figure.subplots(1, 2, width_ratios=[3, 2], sharey=True)
-    positions = list(range(len(configurations)))
-    left = [0.0] * len(configurations)
-    segments = [
-        ("a newer save committed in the grace period", committed, OTHER),
-        ("the previous checkpoint resumed", kept, OURS),
-        ("corrupt, mixed or unreadable", bad, BAD),
-        ("other", other, PHYSICAL),
-    ]
-    for label, values, color in segments:
+def _stacked(axes: Axes, labels: list[str], segments: list[tuple[str, list[float], str]]) -> None:
+    """One horizontal bar per label, split into segments (name, a value per label, colour), each
+    segment's count written inside it; segments that are all zero are left out (and of the legend)."""
+    positions = list(range(len(labels)))
+    left = [0.0] * len(labels)
+    for name, values, color in segments:
         if not any(values):
             continue
-        tallies.barh(positions, values, left=left, color=color, label=label, height=0.75)
-        for i, value in enumerate(values):
+        axes.barh(positions, values, left=left, color=color, label=name, height=0.75)
+        for position, (start, value) in enumerate(zip(left, values, strict=True)):
             if value:
-                tallies.text(
-                    left[i] + value / 2,
-                    i,
+                axes.text(
+                    start + value / 2,
+                    position,
                     f"{value:.0f}",
                     ha="center",
                     va="center",
                     fontsize=7,
-                    color="white",
+                    color="#222222" if color == PALE else "white",
                 )
         left = [a + b for a, b in zip(left, values, strict=True)]
-    tallies.set_yticks(positions, names)
-    tallies.invert_yaxis()
-    tallies.tick_params(axis="y", length=0)
-    tallies.set_xlabel("preemptions (SIGTERM, then SIGKILL after G)")
-    tallies.set_title("What the next attempt resumed from")
-    tallies.legend(
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.18 - 0.3 / len(configurations)),
-        ncol=2,
-        fontsize=7,
-        frameon=False,
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # Under the x label: a fixed distance in inches, whatever the axes' height.
+    below = axes.transAxes + ScaledTranslation(0.0, -0.36, axes.figure.dpi_scale_trans)
+    axes.legend(
+        loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below, ncol=2, fontsize=7, frameon=False
     )
+    axes.set_yticks(positions, labels)
+    axes.set_ylim(len(labels) - 0.5, -0.5)
+    axes.tick_params(axis="y", length=0)
+
+
+def draw_preemption(reports: dict[str, Report]) -> Figure:
+    report = reports["preemption.json"]
+    configurations = report["configurations"]
+    names = [f"{c['name']}  (G = {c['grace_s']:.2f} s)" for c in configurations]
+    committed = [float(c["committed_in_grace"]) for c in configurations]
+    kept = [float(c["previous_survived"] - c["committed_in_grace"]) for c in configurations]
+    bad = [float(sum(c["bad"].values())) for c in configurations]
+    other = [float(c["preemptions"]) - committed[i] - kept[i] - bad[i] for i, c in enumerate(configurations)]
+    title = "Preemptions: SIGTERM at a random instant, SIGKILL after the grace period G"
+    figure = _figure(report, title, 9.0, 1.3 + 0.24 * len(configurations))
+    tallies, lost = figure.subplots(1, 2, width_ratios=[3, 2], sharey=True)
+    _stacked(
+        tallies,
+        names,
+        [
+            ("a newer save committed in the grace period", committed, OTHER),
+            ("the checkpoint stored at the SIGTERM resumed", kept, PALE),
+            ("corrupt, mixed or unreadable", bad, BAD),
+            ("anything else", other, PHYSICAL),
+        ],
+    )
+    tallies.set_xlabel("preemptions")
+    tallies.set_title("What the next attempt resumed from")
     means = [float(c["steps_lost_mean"] or 0.0) for c in configurations]
-    lost.barh(positions, means, color=OURS, height=0.75)
+    colors = [REFERENCE if c["variant"] == "reference" else OURS for c in configurations]
+    lost.barh(list(range(len(configurations))), means, color=colors, height=0.75)
     for i, c in enumerate(configurations):
         lost.text(means[i], i, f" mean {means[i]:.1f}, max {c['steps_lost_max']}", va="center", fontsize=7)
-    lost.set_xlim(right=max(means, default=1.0) * 1.9 or 1.0)
-    lost.set_xlabel("steps lost per preemption (mean)")
+    lost.set_xlim(right=max(max(means, default=0.0) * 1.9, 1.0))
+    lost.set_xlabel("steps lost per preemption, mean")
     lost.set_title("Work lost")
     return figure
 
@@ -435,7 +446,12 @@ DCP_FIGURES = {
     "async_total": "dcp.async_save: until uploaded",
     "load": "dcp.load",
 }
-KILL_OUTCOMES = [("old", OURS), ("new", OTHER), ("mixed", BAD), ("unreadable", "#7f1d1d")]
+KILL_OUTCOMES = [
+    ("old", "the previous checkpoint, whole", PALE),
+    ("new", "the new checkpoint, whole", OTHER),
+    ("mixed", "old and new mixed", BAD),
+    ("unreadable", "unreadable", "#7f1d1d"),
+]
 
 
 def draw_dcp(reports: dict[str, Report]) -> Figure:
@@ -453,39 +469,25 @@ def draw_dcp(reports: dict[str, Report]) -> Figure:
             groups.append((title, bars))
     trials = report.get("kill_trials") or {}
     rows = sum(len(bars) for _, bars in groups) + len(groups)
+    layers = list(trials)
     title = f"torch.distributed.checkpoint on {config['world']} gloo ranks: storage layers compared"
-    figure = _figure(report, title, 9.0, 1.2 + 0.2 * rows)
-    times, kills = figure.subplots(1, 2, width_ratios=[3, 2])
+    figure = _figure(report, title, 8.0, 1.6 + 0.2 * rows + 0.3 * len(layers))
+    times, kills = figure.subplots(2, 1, height_ratios=[rows, 1.5 + len(layers)])
     _hbars(times, groups)
     times.set_xlabel("seconds, median (wall time on rank 0; lower is better)")
     times.set_title(f"Times, {config['mib']} MiB")
-    layers = list(trials)
-    positions = list(range(len(layers)))
-    left = [0.0] * len(layers)
-    for outcome, color in KILL_OUTCOMES:
-        values = [float(trials[layer].get(outcome, 0)) for layer in layers]
-        if not any(values):
-            continue
-        kills.barh(positions, values, left=left, color=color, label=outcome, height=0.6)
-        for i, value in enumerate(values):
-            if value:
-                kills.text(
-                    left[i] + value / 2,
-                    i,
-                    f"{value:.0f}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white",
-                )
-        left = [a + b for a, b in zip(left, values, strict=True)]
-    kills.set_yticks(positions, [DCP_LAYERS.get(layer, (layer, ""))[0] for layer in layers])
-    kills.invert_yaxis()
-    kills.tick_params(axis="y", length=0)
-    kills.set_xlabel("trials: a random rank SIGKILLed mid-save")
-    kills.set_title(f"Kill trials, {config['kill_mib']} MiB: what a fresh load finds")
-    if layers:
-        kills.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=7, frameon=False)
+    _stacked(
+        kills,
+        [DCP_LAYERS.get(layer, (layer, ""))[0] for layer in layers],
+        [
+            (label, [float(trials[layer].get(key, 0)) for layer in layers], color)
+            for key, label, color in KILL_OUTCOMES
+        ],
+    )
+    kills.set_xlabel("trials")
+    kills.set_title(
+        f"Kill trials, {config['kill_mib']} MiB: a random rank SIGKILLed mid-save, then a fresh load"
+    )
     return figure
 
 
