@@ -33,7 +33,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from _worker import tree_digest  # this directory is on sys.path when the script runs
+import _report  # this directory is on sys.path when the script runs
+from _worker import tree_digest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -1140,6 +1141,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated operation names or globs, e.g. 'save-dir-*,load-file-sync' or 'dir'",
     )
     parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
+    _report.add_json_out(parser)
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -1203,12 +1205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = DATA_ROOT / f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     with _terminate_as_interrupt():
         try:
-            return _main(args, patterns, out, run_dir)
+            return _main(args, patterns, out, run_dir, argv)
         finally:
             _remove(run_dir)
 
 
-def _main(args: argparse.Namespace, patterns: list[str], out: TextIO, run_dir: Path) -> int:
+def _main(
+    args: argparse.Namespace, patterns: list[str], out: TextIO, run_dir: Path, argv: Sequence[str] | None
+) -> int:
     load_start = os.getloadavg()[0]
     if load_start > 0.5:
         log(f"warning: load average is {load_start:.2f}: other processes will skew the timings")
@@ -1274,6 +1278,7 @@ def _main(args: argparse.Namespace, patterns: list[str], out: TextIO, run_dir: P
     print_report(report, measurements, targets, out)
     if args.json:
         print(json.dumps(report, indent=2))
+    _report.write_json_out(args.json_out, "benchmarks/compare.py", argv, report)
     errors = [m for m in measurements if m.error and m.impl == "ours"]
     return 1 if errors else 0
 

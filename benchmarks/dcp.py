@@ -43,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _report  # next to this file
+
 REPO = Path(__file__).resolve().parents[1]
 TENSORS = 16
 COLUMNS = 1024
@@ -318,7 +320,7 @@ def run_kill_trials(layer: str, base: str, trials: int, mib: int, seed: int) -> 
     return outcomes
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -329,12 +331,30 @@ def main() -> int:
     parser.add_argument("--kill-trials", type=int, default=0, help="kill trials per layer, local disk")
     parser.add_argument("--kill-mib", type=int, default=64)
     parser.add_argument("--dir", help="where local checkpoints go (default: a temporary directory)")
-    args = parser.parse_args()
+    _report.add_json_out(parser)
+    args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
+    compare = importlib.import_module("compare")  # only the parent needs it, not each rank
+    report: dict[str, Any] = {
+        "machine": compare.describe_machine(),
+        "load_average": {"start": os.getloadavg()[0]},
+        "config": {
+            "world": WORLD,
+            "mib": args.mib,
+            "repeats": args.repeats,
+            "s3_mib": args.s3_mib if args.s3 else None,
+            "kill_trials": args.kill_trials,
+            "kill_mib": args.kill_mib,
+        },
+        "local": None,
+        "s3": None,
+        "kill_trials": None,
+    }
     base = args.dir or tempfile.mkdtemp(prefix="dcp-bench-")
     try:
         print(f"local disk ({base}), {args.mib} MiB on {WORLD} ranks, median of {args.repeats}:", flush=True)
         local = run_measurements(["ours", "filesystem", "ours-nofsync"], base, None, args.mib, args.repeats)
+        report["local"] = local
         print("ours (fsync) vs FileSystemWriter (sync_files=True):")
         print_ratios(local, "ours", "filesystem")
         if args.s3:
@@ -345,12 +365,17 @@ def main() -> int:
                 remote = run_measurements(
                     ["ours-s3", "fsspec"], f"s3://{bucket}", server.storage_options, args.s3_mib, args.repeats
                 )
+                report["s3"] = remote
                 print("ours vs FsspecWriter:")
                 print_ratios(remote, "ours-s3", "fsspec")
         if args.kill_trials:
             print(f"kill trials, local disk, {args.kill_mib} MiB, {args.kill_trials} per layer:", flush=True)
+            report["kill_trials"] = {}
             for layer in ("ours", "filesystem"):
                 outcomes = run_kill_trials(layer, base, args.kill_trials, args.kill_mib, seed=7)
+                report["kill_trials"][layer] = {
+                    name: outcomes[name] for name in ("old", "new", "mixed", "unreadable")
+                }
                 print(
                     f"  {layer:12s} "
                     + "  ".join(f"{name} {outcomes[name]}" for name in ("old", "new", "mixed", "unreadable")),
@@ -359,6 +384,8 @@ def main() -> int:
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
+    report["load_average"]["end"] = os.getloadavg()[0]
+    _report.write_json_out(args.json_out, "benchmarks/dcp.py", argv, report)
     return 0
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _report
 import compare  # next to this file
 import netshape
 import s3server
@@ -487,6 +488,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ceiling", action="store_true", help="skip the server's unshaped ceiling")
     parser.add_argument("--ceiling-only", action="store_true", help="only the server's unshaped ceiling")
     parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
+    _report.add_json_out(parser)
     args = parser.parse_args(argv)
     args.clients = [c for c in args.clients.split(",") if c]
     args.ops = [o for o in args.ops.split(",") if o]
@@ -509,12 +511,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir.mkdir()
     with compare._terminate_as_interrupt():
         try:
-            return _main(args, run_dir, out)
+            return _main(args, run_dir, out, argv)
         finally:
             compare._remove(run_dir)
 
 
-def _main(args: argparse.Namespace, run_dir: Path, out: TextIO) -> int:
+def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[str] | None) -> int:
     load_start = os.getloadavg()[0]
     ours = compare.find_ours()
     reference = compare.find_reference(args.install_reference, "reference" in args.clients)
@@ -564,6 +566,7 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO) -> int:
     print_report(report, results, checks, out)
     if args.json:
         print(json.dumps(report, indent=2))
+    _report.write_json_out(args.json_out, "benchmarks/objectstore.py", argv, report)
     return 1 if any(r.error for r in results if r.client == "ours") else 0
 
 

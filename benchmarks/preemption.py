@@ -64,6 +64,7 @@ from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _preemption_trainer as trainer  # next to this file; stdlib-only at module level
+import _report
 import compare
 import netshape
 import s3server
@@ -1126,6 +1127,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ranks", action="store_true", help="skip preemption_ranks.py's 4-rank scenario")
     parser.add_argument("--seed", type=int, default=21, help="seed of the SIGTERM instants")
     parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
+    _report.add_json_out(parser)
     parser.add_argument("--keep", action="store_true", help="keep the run directory (event logs, stderr)")
     args = parser.parse_args(argv)
     args.storage = [s for s in args.storage.split(",") if s]
@@ -1166,7 +1168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     processes = Processes(run_dir)
     with compare._terminate_as_interrupt():
         try:
-            return _main(args, run_dir, processes, out)
+            return _main(args, run_dir, processes, out, argv)
         finally:
             processes.kill_all()
             if args.keep:
@@ -1175,7 +1177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 compare._remove(run_dir)
 
 
-def _main(args: argparse.Namespace, run_dir: Path, processes: Processes, out: TextIO) -> int:
+def _main(
+    args: argparse.Namespace, run_dir: Path, processes: Processes, out: TextIO, argv: Sequence[str] | None
+) -> int:
     started = time.monotonic()
     load_start = os.getloadavg()[0]
     scales = dict(QUICK_SCALES if args.quick else SCALES)
@@ -1247,6 +1251,7 @@ def _main(args: argparse.Namespace, run_dir: Path, processes: Processes, out: Te
     }
     if args.json:
         print(json.dumps(report, indent=2))
+    _report.write_json_out(args.json_out, "benchmarks/preemption.py", argv, report)
     return 1 if any(result.error for result in results) else 0
 
 

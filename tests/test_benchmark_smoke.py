@@ -35,9 +35,14 @@ PHYSICAL = ["tar -cf (directory)", "tar -xf (directory, uncompressed tar)", "cp 
 
 
 @pytest.fixture(scope="module")
-def report() -> dict[str, Any]:
+def json_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("compare-json") / "report.json"
+
+
+@pytest.fixture(scope="module")
+def report(json_out: Path) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--json"],
+        [sys.executable, str(SCRIPT), "--smoke", "--json", "--json-out", str(json_out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -94,3 +99,13 @@ def test_report_describes_machine_and_targets(report: dict[str, Any]) -> None:
     assert "peak RSS, any of our local operations" in names
     assert "longest event-loop stall in await save()/load()" in names
     assert any(name.startswith("background save") for name in names)
+
+
+def test_json_out_writes_the_printed_report_and_the_command_line(
+    report: dict[str, Any], json_out: Path
+) -> None:
+    written = json.loads(json_out.read_text())
+    produced = written.pop("produced")
+    assert written == report
+    assert produced["benchmark"] == "benchmarks/compare.py"
+    assert produced["arguments"][-2:] == ["--json-out", str(json_out)]

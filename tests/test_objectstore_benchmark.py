@@ -38,8 +38,13 @@ def run_benchmark(*options: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def report() -> dict[str, Any]:
-    return run_benchmark("--clients=ours", "--size-mib=1", "--bytes-reps=1")
+def json_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("objectstore-json") / "report.json"
+
+
+@pytest.fixture(scope="module")
+def report(json_out: Path) -> dict[str, Any]:
+    return run_benchmark("--clients=ours", "--size-mib=1", "--bytes-reps=1", "--json-out", str(json_out))
 
 
 @pytest.mark.parametrize("op", OPERATIONS)
@@ -68,3 +73,13 @@ def test_the_benchmark_measures_botocores_own_1_kib_requests_through_the_proxy()
     for result in results.values():
         assert result["error"] is None
         assert result["requests_per_op"] == 1  # one PutObject or GetObject per call
+
+
+def test_json_out_writes_the_printed_report_and_the_command_line(
+    report: dict[str, Any], json_out: Path
+) -> None:
+    written = json.loads(json_out.read_text())
+    produced = written.pop("produced")
+    assert written == report
+    assert produced["benchmark"] == "benchmarks/objectstore.py"
+    assert produced["arguments"][-2:] == ["--json-out", str(json_out)]

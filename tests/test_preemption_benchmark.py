@@ -42,9 +42,23 @@ PER_PREEMPTION = {
 
 
 @pytest.fixture(scope="module")
-def report() -> dict[str, Any]:
+def json_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("preemption-json") / "report.json"
+
+
+@pytest.fixture(scope="module")
+def report(json_out: Path) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--storage=local", "--no-ranks", "--json"],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--storage=local",
+            "--no-ranks",
+            "--json",
+            "--json-out",
+            str(json_out),
+        ],
         capture_output=True,
         text=True,
         timeout=180,
@@ -91,3 +105,13 @@ def test_the_report_names_the_machine_the_scale_and_every_target(report: dict[st
     assert "local/oneline/G=0.5x (G < one save): the previous checkpoint survives" in names
     assert "local/nochange/G=0.5x (G < one save): every run finishes" in names
     assert "local: corrupt, mixed or unreadable checkpoints (ours)" in names
+
+
+def test_json_out_writes_the_printed_report_and_the_command_line(
+    report: dict[str, Any], json_out: Path
+) -> None:
+    written = json.loads(json_out.read_text())
+    produced = written.pop("produced")
+    assert written == report
+    assert produced["benchmark"] == "benchmarks/preemption.py"
+    assert produced["arguments"][-2:] == ["--json-out", str(json_out)]
