@@ -112,6 +112,11 @@ class LineReader:
             self.events.append(Event(now, name, tuple(words)))
         return True
 
+    def drain(self) -> None:
+        """Read what is already written (a dead writer's last lines) without waiting for more."""
+        while not self.eof and self._selector.select(0):
+            self.pump(0)
+
     def close(self) -> None:
         self._selector.close()
         if self._owns_fd:
@@ -374,7 +379,11 @@ class Worker:
             # Not reaped yet, so the PID is still this child's (maybe a zombie): safe to signal.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-        return self._reap()
+        status = self._reap()
+        # A worker that finished before the kill may have said "committed" after the last
+        # read: its story must be whole before anyone asks what it said.
+        self._narration.drain()
+        return status
 
     def close(self) -> None:
         """Kill and reap the worker if that has not happened, and close its narration."""
