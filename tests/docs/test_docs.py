@@ -1,0 +1,244 @@
+"""Everything the documentation shows is run: every ``python`` block is executed (against the
+test suite's local S3, GCS and Azure servers where it names a store) and type-checked with
+``mypy --strict``, every shell block not marked illustrative is run, and the site builds with
+``mkdocs build --strict``. The conventions are in ``docs/how-it-works/docs-tests.md``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.docs.blocks import (
+    ILLUSTRATIVE,
+    ROOT,
+    Block,
+    Program,
+    console_commands,
+    programs,
+    shell_blocks,
+)
+from tests.storage_servers import StorageServer, create_bucket
+
+PROGRAMS = programs()
+SHELL_BLOCKS = [block for block in shell_blocks() if block.marker != ILLUSTRATIVE]
+# A store's URI in a block (`s3://bucket/...`): the bucket is replaced by a fresh one on the local
+# server and the key put under the program's own prefix.
+STORE_URI = re.compile(r"\b(s3|gs|abfs)://(bucket|container)/")
+# `"KEY": "..."` in a block is a value the reader fills in: the local server's value for KEY.
+FILL_IN = re.compile(r'"(\w+)": "\.\.\."')
+# Literal placeholders and what they stand for here.
+PLACEHOLDERS = {
+    "http://127.0.0.1:9000": "s3 endpoint",  # an S3-compatible server's endpoint
+    '"/path/to/key.json"': '"anon"',  # a GCS service-account key file
+}
+BIN = Path(sys.executable).parent
+
+
+def _timeout_env() -> dict[str, str]:
+    return {"PYTHONPATH": str(ROOT), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@pytest.fixture(scope="module")
+def servers(
+    s3_server: StorageServer, gcs_server: StorageServer, azure_server: StorageServer
+) -> dict[str, tuple[StorageServer, str]]:
+    """Each store's server and a fresh bucket on it."""
+    started = (s3_server, gcs_server, azure_server)
+    return {server.protocol: (server, create_bucket(server, "docs")) for server in started}
+
+
+def substituted(code: str, program: Program, servers: dict[str, tuple[StorageServer, str]]) -> str:
+    """``code`` with its placeholders replaced by what reaches the local servers."""
+    code = STORE_URI.sub(lambda m: f"{m.group(1)}://{servers[m.group(1)][1]}/{program.module}/", code)
+    filled = {
+        key: value
+        for protocol in ("abfs", "gs", "s3")
+        for key, value in servers[protocol][0].storage_options.items()
+    }
+
+    def fill(match: re.Match[str]) -> str:
+        return f'"{match.group(1)}": {json.dumps(filled[match.group(1)])}'
+
+    code = FILL_IN.sub(fill, code)
+    for placeholder, value in PLACEHOLDERS.items():
+        code = code.replace(placeholder, servers["s3"][0].endpoint if value == "s3 endpoint" else value)
+    return code
+
+
+@pytest.fixture(scope="module")
+def outcomes(
+    servers: dict[str, tuple[StorageServer, str]], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str | None]:
+    """Runs every program once, in one process, with the servers' environment variables set as
+    a user would set them; the name of each program and its traceback (``None``: it ran)."""
+    work = tmp_path_factory.mktemp("doc-programs")
+    listed = []
+    for program in PROGRAMS:
+        cwd = work / program.module
+        cwd.mkdir()
+        parts = [substituted(part, program, servers) for part in program.parts]
+        listed.append({"name": program.name, "parts": parts, "cwd": str(cwd)})
+    (work / "programs.json").write_text(json.dumps(listed))
+    env = {**os.environ, **_timeout_env()}
+    for server, _ in servers.values():
+        env.update(server.env)
+    finished = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "docs" / "runner.py"), "programs.json", "results.json"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    results = work / "results.json"
+    lines = results.read_text().splitlines() if results.exists() else []
+    outcome: dict[str, str | None] = {}
+    for line in lines:
+        record = json.loads(line)
+        outcome[record["name"]] = record["error"]
+    # Read only when a program is missing: the one after the last recorded ended the process.
+    outcome["(process)"] = f"the runner exited {finished.returncode}:\n{finished.stderr[-4000:]}"
+    return outcome
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda program: program.name)
+def test_every_python_block_runs(program: Program, outcomes: dict[str, str | None]) -> None:
+    assert program.name in outcomes, (
+        f"{program.name} was not run (the runner stopped before it): {outcomes.get('(process)')}"
+    )
+    assert outcomes[program.name] is None, f"{program.name} raised:\n{outcomes[program.name]}"
+
+
+@pytest.fixture(scope="module")
+def mypy_errors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """One ``mypy --strict`` run over every program written as a file; each module's errors."""
+    folder = tmp_path_factory.mktemp("doc-types")
+    files = []
+    for program in PROGRAMS:
+        path = folder / f"{program.module}.py"
+        path.write_text("\n".join(program.parts))
+        files.append(str(path))
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--strict", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    errors: dict[str, list[str]] = {program.module: [] for program in PROGRAMS}
+    for line in result.stdout.splitlines():
+        stem = Path(line.partition(":")[0]).stem
+        if stem in errors and ": error:" in line:
+            errors[stem].append(line)
+    assert result.returncode in (0, 1), f"mypy failed to run:\n{result.stdout}\n{result.stderr}"
+    return errors
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda program: program.name)
+def test_every_python_block_type_checks(program: Program, mypy_errors: dict[str, list[str]]) -> None:
+    assert not mypy_errors[program.module], "\n".join([program.name, *mypy_errors[program.module]])
+
+
+@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda block: block.name)
+def test_every_shell_block_runs(block: Block, tmp_path: Path) -> None:
+    env = {**os.environ, **_timeout_env()}
+    if block.language != "console":
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.code],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, f"{block.name}:\n{result.stdout}\n{result.stderr}"
+        return
+    for command, shown in console_commands(block):
+        result = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"{block.name}: $ {command}\n{output}"
+        for line in shown:
+            first_word = line.split()[0]
+            assert first_word in output, f"{block.name}: $ {command} printed no {first_word!r}:\n{output}"
+
+
+def test_shell_blocks_are_run_or_marked_illustrative() -> None:
+    # Guards the convention itself: a typo in the marker would silently run an illustrative block.
+    marked = [block for block in shell_blocks() if block.marker == ILLUSTRATIVE]
+    assert marked, "no shell block is marked illustrative: has the marker changed?"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The site built with ``mkdocs build --strict`` (a warning, a broken link or anchor fails it)."""
+    target = tmp_path_factory.mktemp("site")
+    result = subprocess.run(
+        [str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(target)],
+        cwd=ROOT,
+        env={**os.environ, **_timeout_env(), "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    yield target
+    shutil.rmtree(target, ignore_errors=True)
+
+
+PUBLIC_MODULES = (
+    "flyte_checkpoint",
+    "flyte_checkpoint.state",
+    "flyte_checkpoint.distributed",
+    "flyte_checkpoint.integrations.flyte",
+    "flyte_checkpoint.integrations.lightning",
+    "flyte_checkpoint.integrations.transformers",
+)
+
+
+def test_the_site_builds_strictly(site: Path) -> None:
+    assert (site / "index.html").is_file()
+
+
+def test_every_public_name_has_a_reference_entry(site: Path) -> None:
+    import importlib
+
+    pages = "".join(page.read_text() for page in (site / "reference").rglob("*.html"))
+    missing = []
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            # An entry under the exported name, or under the defining module's where the exported
+            # name is also a submodule's (`flyte_checkpoint.state.commit`).
+            defined_in = getattr(getattr(module, name), "__module__", module_name)
+            ids = (f'id="{module_name}.{name}"', f'id="{defined_in}.{name}"')
+            if not any(anchor in pages for anchor in ids):
+                missing.append(f"{module_name}.{name}")
+    assert not missing, f"no reference entry for {missing}"
+
+
+def test_the_storage_options_table_lists_what_the_error_accepts(site: Path) -> None:
+    from flyte_checkpoint.storage.remote_errors import accepted_options
+
+    page = (site / "reference" / "storage-options" / "index.html").read_text()
+    for name in accepted_options("s3"):
+        assert f"<code>{name}</code>" in page, f"{name} is accepted by s3:// but not in the table"
