@@ -24,7 +24,9 @@ CONTINUED = "continued"
 ILLUSTRATIVE = "illustrative"
 # `<!-- docs: continued -->`, or `<!-- docs: illustrative (why) -->`, on the line before a fence.
 _MARKER = re.compile(r"^<!-- docs: (continued|illustrative)\b[^>]*-->$")
-_FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+# A fence closes at a line of as many backticks as it opened with, so a ````markdown block can
+# show ```python blocks without their being taken for examples.
+_FENCE = re.compile(r"^(`{3,})([\w-]*)[^\n]*\n(.*?)^\1[ \t]*$", re.DOTALL | re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def blocks_of(path: Path) -> list[Block]:
         marked = _MARKER.match(before)
         marker = marked.group(1) if marked else None
         line = text.count("\n", 0, match.start()) + 1
-        found.append(Block(path, line, match.group(1), marker, match.group(2)))
+        found.append(Block(path, line, match.group(2), marker, match.group(3)))
     return found
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from typing import Any, TextIO
 
@@ -22,12 +23,14 @@ def run(programs: list[dict[str, Any]], results: TextIO) -> None:
         os.chdir(program["cwd"])
         namespace: dict[str, Any] = {"__name__": "__main__"}
         error: str | None = None
+        started = time.monotonic()
         try:
             for index, part in enumerate(program["parts"]):
                 exec(compile(part, f"{program['name']} (part {index})", "exec"), namespace)
         except BaseException:
             error = traceback.format_exc()
-        results.write(json.dumps({"name": program["name"], "error": error}) + "\n")
+        seconds = round(time.monotonic() - started, 2)
+        results.write(json.dumps({"name": program["name"], "error": error, "seconds": seconds}) + "\n")
         results.flush()
 
 
