@@ -259,3 +259,13 @@ def test_the_storage_options_table_lists_what_the_error_accepts(site: Path) -> N
     page = (site / "reference" / "storage-options" / "index.html").read_text()
     for name in accepted_options("s3"):
         assert f"<code>{name}</code>" in page, f"{name} is accepted by s3:// but not in the table"
+
+
+def test_every_relative_link_in_the_readme_names_a_file() -> None:
+    # mkdocs checks the links between pages; the README is no page of the site, and its links
+    # must work on a code host, which shows the Markdown files themselves.
+    text = (ROOT / "README.md").read_text()
+    targets = [target for target in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in target]
+    assert targets, "the README links to no page"
+    missing = [target for target in targets if not (ROOT / target).exists()]
+    assert not missing, f"README links to missing files: {missing}"
