@@ -234,9 +234,8 @@ def option_origins(scheme: str) -> dict[str, str]:
             break
     origins.update(dict.fromkeys(_FSSPEC_OPTIONS, "fsspec"))
     client = f"{implementation.__module__.partition('.')[0]}.{implementation.__qualname__}"
-    origins.update(
-        {name: f"{client} (default here: {value!r})" for name, value in profile.own_options.items()}
-    )
+    given = {**profile.defaults, **profile.own_options}
+    origins.update({name: f"{client} (default here: {value!r})" for name, value in given.items()})
     # Ours last: these are read (and some taken away) before the client sees the options.
     origins.update(
         dict.fromkeys({*TransferSettings.OPTIONS, "max_concurrency", FSYNC_OPTION}, "flyte_checkpoint")
