@@ -42,7 +42,8 @@ class Block:
     @property
     def name(self) -> str:
         """``docs/guides/ray.md:12``, the block's place, for test ids and messages."""
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{path}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,11 @@ def all_blocks() -> list[Block]:
     return [block for path in documentation_files() for block in blocks_of(path)]
 
 
-def programs() -> list[Program]:
-    """The ``python`` blocks of every file, each continuation joined to the program it continues."""
+def programs(files: list[Path] | None = None) -> list[Program]:
+    """The ``python`` blocks of ``files`` (default: every documentation file), each continuation
+    joined to the program it continues."""
     found: list[Program] = []
-    for path in documentation_files():
+    for path in documentation_files() if files is None else files:
         current: list[Block] = []
         for block in blocks_of(path):
             if block.language != "python":
