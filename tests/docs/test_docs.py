@@ -74,40 +74,59 @@ def substituted(code: str, program: Program, servers: dict[str, tuple[StorageSer
     return code
 
 
+# Programs that start Ray run in a runner of their own, beside the others: Ray's start is mostly
+# waiting for its processes, so the two overlap even on two cores, and no Ray state is left in
+# the process that runs everything else.
+OWN_RUNNER = re.compile(r"^(import|from) ray\b", re.MULTILINE)
+
+
 @pytest.fixture(scope="module")
 def outcomes(
     servers: dict[str, tuple[StorageServer, str]], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, str | None]:
-    """Runs every program once, in one process, with the servers' environment variables set as
-    a user would set them; the name of each program and its traceback (``None``: it ran)."""
+    """Runs every program once, with the servers' environment variables set as a user would set
+    them; the name of each program and its traceback (``None``: it ran)."""
     work = tmp_path_factory.mktemp("doc-programs")
-    listed = []
+    groups: dict[str, list[dict[str, object]]] = {"main": [], "ray": []}
     for program in PROGRAMS:
         cwd = work / program.module
         cwd.mkdir()
         parts = [substituted(part, program, servers) for part in program.parts]
-        listed.append({"name": program.name, "parts": parts, "cwd": str(cwd)})
-    (work / "programs.json").write_text(json.dumps(listed))
+        group = "ray" if any(OWN_RUNNER.search(part) for part in parts) else "main"
+        groups[group].append({"name": program.name, "parts": parts, "cwd": str(cwd)})
     env = {**os.environ, **_timeout_env()}
     for server, _ in servers.values():
         env.update(server.env)
-    finished = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "docs" / "runner.py"), "programs.json", "results.json"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    results = work / "results.json"
-    lines = results.read_text().splitlines() if results.exists() else []
+    runners = {}
+    for group, listed in groups.items():
+        (work / f"{group}.json").write_text(json.dumps(listed))
+        command = [
+            sys.executable,
+            str(ROOT / "tests" / "docs" / "runner.py"),
+            f"{group}.json",
+            f"{group}.out",
+        ]
+        # stderr to a file: a pipe left unread while the other runner is awaited could fill up.
+        with open(work / f"{group}.err", "wb") as errors:
+            runners[group] = subprocess.Popen(
+                command, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=errors
+            )
     outcome: dict[str, str | None] = {}
-    for line in lines:
-        record = json.loads(line)
-        outcome[record["name"]] = record["error"]
-    # Read only when a program is missing: the one after the last recorded ended the process.
-    outcome["(process)"] = f"the runner exited {finished.returncode}:\n{finished.stderr[-4000:]}"
+    stopped = []
+    for group, runner in runners.items():
+        try:
+            runner.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            runner.kill()
+            runner.wait()
+        results = work / f"{group}.out"
+        for line in results.read_text().splitlines() if results.exists() else []:
+            record = json.loads(line)
+            outcome[record["name"]] = record["error"]
+        stderr = (work / f"{group}.err").read_text(errors="replace")
+        stopped.append(f"the {group} runner exited {runner.returncode}:\n{stderr[-4000:]}")
+    # Read only when a program is missing: the one after the last recorded ended its runner.
+    outcome["(process)"] = "\n".join(stopped)
     return outcome
 
 
