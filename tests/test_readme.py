@@ -79,3 +79,11 @@ def test_every_class_the_readme_names_is_exported(name: str) -> None:
     assert any(name in getattr(module, "__all__", ()) for module in modules), (
         f"the documentation names {name}, but neither {' nor '.join(PUBLIC_MODULES)} exports it"
     )
+
+
+def test_every_environment_variable_the_documentation_names_is_read_by_the_code() -> None:
+    named = {name for page in PAGES for name in re.findall(r"\bFLYTE_CHECKPOINT_[A-Z_]+\b", page.read_text())}
+    code = "".join(path.read_text() for path in (ROOT / "flyte_checkpoint").rglob("*.py"))
+    assert named, "the documentation names no FLYTE_CHECKPOINT_ variable"
+    unknown = sorted(name for name in named if name not in code)
+    assert not unknown, f"the documentation names variables no code reads: {unknown}"
