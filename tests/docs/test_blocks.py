@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-from tests.docs.blocks import ILLUSTRATIVE, blocks_of, console_commands, programs
+from tests.docs.blocks import ILLUSTRATIVE, ROOT, blocks_of, console_commands, programs
 
 
 def _page(tmp_path: Path, text: str) -> Path:
@@ -50,3 +51,14 @@ def test_a_console_block_is_commands_with_the_output_shown_after_each(tmp_path: 
     page = _page(tmp_path, "```console\n$ echo a\na\n$ true\n$ printf 'b\\nc'\nb\nc\n```\n")
     (block,) = blocks_of(page)
     assert console_commands(block) == [("echo a", ["a"]), ("true", []), ("printf 'b\\nc'", ["b", "c"])]
+
+
+def test_sphinx_roles_in_docstrings_become_code_spans() -> None:
+    # Loaded from its file, as MkDocs loads it: docs/ is no package.
+    spec = importlib.util.spec_from_file_location("sphinx_roles", ROOT / "docs" / "hooks" / "sphinx_roles.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = ":class:`~flyte_checkpoint.errors.CheckpointError`, :meth:`close`, :mod:`.retry`, :func:`x <a.b>`"
+    assert module.plain_roles(text) == "`CheckpointError`, `close`, `retry`, `x`"
