@@ -74,6 +74,50 @@ def substituted(code: str, program: Program, servers: dict[str, tuple[StorageSer
     return code
 
 
+class Job:
+    """A command running in the background, its output in files (no pipe to fill up)."""
+
+    def __init__(self, name: str, command: list[str], folder: Path, env: dict[str, str]) -> None:
+        self.out, self.err = folder / f"{name}.out", folder / f"{name}.err"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err)
+
+    def finish(self, timeout: float = 240) -> tuple[int, str, str]:
+        """Wait for the command (killed at ``timeout``); its exit status, stdout and stderr."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        return (
+            self.process.returncode,
+            self.out.read_text(errors="replace"),
+            self.err.read_text(errors="replace"),
+        )
+
+
+@pytest.fixture(scope="module")
+def background(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Job, Path]]]:
+    """The type check of the programs and the site build, started at once to run beside the
+    programs (each mostly waits on a different thing); each job with its folder."""
+    types = tmp_path_factory.mktemp("doc-types")
+    files = []
+    for program in PROGRAMS:
+        path = types / f"{program.module}.py"
+        path.write_text("\n".join(program.parts))
+        files.append(str(path))
+    site = tmp_path_factory.mktemp("site")
+    env = {**os.environ, **_timeout_env(), "NO_MKDOCS_2_WARNING": "1"}
+    mypy = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--strict", *files]
+    # No --quiet: it hides the warnings from the count that --strict fails on.
+    mkdocs = [str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(site)]
+    jobs = {"mypy": (Job("mypy", mypy, types, env), types), "site": (Job("mkdocs", mkdocs, types, env), site)}
+    yield jobs
+    for job, _ in jobs.values():
+        job.finish(timeout=0.1)
+    shutil.rmtree(site, ignore_errors=True)
+
+
 # Programs that start Ray run in a runner of their own, beside the others: Ray's start is mostly
 # waiting for its processes, so the two overlap even on two cores, and no Ray state is left in
 # the process that runs everything else.
@@ -82,7 +126,9 @@ OWN_RUNNER = re.compile(r"^(import|from) ray\b", re.MULTILINE)
 
 @pytest.fixture(scope="module")
 def outcomes(
-    servers: dict[str, tuple[StorageServer, str]], tmp_path_factory: pytest.TempPathFactory
+    background: dict[str, tuple[Job, Path]],
+    servers: dict[str, tuple[StorageServer, str]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, str | None]:
     """Runs every program once, with the servers' environment variables set as a user would set
     them; the name of each program and its traceback (``None``: it ran)."""
@@ -139,28 +185,15 @@ def test_every_python_block_runs(program: Program, outcomes: dict[str, str | Non
 
 
 @pytest.fixture(scope="module")
-def mypy_errors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+def mypy_errors(background: dict[str, tuple[Job, Path]]) -> dict[str, list[str]]:
     """One ``mypy --strict`` run over every program written as a file; each module's errors."""
-    folder = tmp_path_factory.mktemp("doc-types")
-    files = []
-    for program in PROGRAMS:
-        path = folder / f"{program.module}.py"
-        path.write_text("\n".join(program.parts))
-        files.append(str(path))
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--strict", *files],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    status, stdout, stderr = background["mypy"][0].finish()
+    assert status in (0, 1), f"mypy failed to run:\n{stdout}\n{stderr}"
     errors: dict[str, list[str]] = {program.module: [] for program in PROGRAMS}
-    for line in result.stdout.splitlines():
+    for line in stdout.splitlines():
         stem = Path(line.partition(":")[0]).stem
         if stem in errors and ": error:" in line:
             errors[stem].append(line)
-    assert result.returncode in (0, 1), f"mypy failed to run:\n{result.stdout}\n{result.stderr}"
     return errors
 
 
@@ -208,21 +241,12 @@ def test_shell_blocks_are_run_or_marked_illustrative() -> None:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def site(background: dict[str, tuple[Job, Path]]) -> Path:
     """The site built with ``mkdocs build --strict`` (a warning, a broken link or anchor fails it)."""
-    target = tmp_path_factory.mktemp("site")
-    result = subprocess.run(
-        [str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(target)],
-        cwd=ROOT,
-        env={**os.environ, **_timeout_env(), "NO_MKDOCS_2_WARNING": "1"},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
-    yield target
-    shutil.rmtree(target, ignore_errors=True)
+    job, target = background["site"]
+    status, stdout, stderr = job.finish()
+    assert status == 0, f"mkdocs build --strict failed:\n{stdout}\n{stderr}"
+    return target
 
 
 PUBLIC_MODULES = (
