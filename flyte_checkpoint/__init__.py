@@ -53,6 +53,7 @@ from flyte_checkpoint.transfer import PAYLOAD_BASENAME
 from flyte_checkpoint.uris import repair_prev_checkpoint_uri
 
 __version__ = "0.1.0"
+"""The version of this package."""
 
 __all__ = [
     "CHECKPOINT_CACHE_KEY",

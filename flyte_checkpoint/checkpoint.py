@@ -111,8 +111,10 @@ class Checkpoint(BaseCheckpoint):
         compression_level: gzip level for directory archives, 0 (store) to 9.
         extraction_limits: caps on what a directory archive may unpack to.
         repair_prev_uri: apply :func:`repair_prev_checkpoint_uri` to remote sources.
-        run_name, action_name: the names used by that repair and by the walk back to earlier
-            attempts (see :meth:`load_sync`); default to the current :class:`TaskContext`'s.
+        run_name: the run's name, used by that repair and by the walk back to earlier attempts
+            (see :meth:`load_sync`); defaults to the current :class:`TaskContext`'s.
+        action_name: the action's name, used likewise; defaults to the current
+            :class:`TaskContext`'s.
         retry: how transient storage failures are retried (whole save or load, bounded).
     """
 

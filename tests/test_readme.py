@@ -1,4 +1,7 @@
-"""Every name the README shows a user is importable the way it shows it."""
+"""Every name the README and the documentation pages show a user is importable the way they show it.
+
+The imports of the pages' own blocks are checked by running them (``tests/docs``); here the
+README's, and the class names quoted in the prose of every page."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 PUBLIC_MODULES = ("flyte_checkpoint", "flyte_checkpoint.state", "flyte_checkpoint.distributed")
 # Classes of other libraries the README names (torch.distributed.checkpoint's own), where they live.
 OTHER_LIBRARIES = {
@@ -25,7 +30,7 @@ OTHER_LIBRARIES = {
 
 
 def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    return re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.DOTALL | re.MULTILINE)
 
 
 def _imports() -> list[tuple[str, str | None]]:
@@ -39,14 +44,16 @@ def _imports() -> list[tuple[str, str | None]]:
     return found
 
 
-# CamelCase words the README quotes that are no Python classes: an S3 lifecycle-rule action and a
-# field of Linux's /proc/<pid>/status.
-NOT_PYTHON = {"AbortIncompleteMultipartUpload", "VmHWM"}
+# CamelCase words the pages quote that are no Python classes: S3 API actions (one a lifecycle-rule
+# action) and a field of Linux's /proc/<pid>/status.
+NOT_PYTHON = {"AbortIncompleteMultipartUpload", "CompleteMultipartUpload", "VmHWM"}
 
 
 def _class_names_in_prose() -> set[str]:
     """CamelCase names in inline code (`RetryPolicy(...)`, `CheckpointError`), not builtins."""
-    names = set(re.findall(r"`([A-Z][a-z]+[A-Z][A-Za-z]*)\b", README.read_text()))
+    names = {
+        name for page in PAGES for name in re.findall(r"`([A-Z][a-z]+[A-Z][A-Za-z]*)\b", page.read_text())
+    }
     return {name for name in names if not hasattr(builtins, name)} - NOT_PYTHON
 
 
@@ -58,7 +65,9 @@ def test_the_readme_has_python_imports_to_check() -> None:
 def test_every_import_in_the_readme_works(module: str, name: str | None) -> None:
     imported = importlib.import_module(module)
     if name is not None:
-        assert hasattr(imported, name), f"README imports {name} from {module}, which has no such name"
+        assert hasattr(imported, name), (
+            f"the documentation imports {name} from {module}, which has no such name"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(_class_names_in_prose()))
@@ -68,5 +77,13 @@ def test_every_class_the_readme_names_is_exported(name: str) -> None:
         return
     modules = [importlib.import_module(module) for module in PUBLIC_MODULES]
     assert any(name in getattr(module, "__all__", ()) for module in modules), (
-        f"README names {name}, but neither {' nor '.join(PUBLIC_MODULES)} exports it"
+        f"the documentation names {name}, but neither {' nor '.join(PUBLIC_MODULES)} exports it"
     )
+
+
+def test_every_environment_variable_the_documentation_names_is_read_by_the_code() -> None:
+    named = {name for page in PAGES for name in re.findall(r"\bFLYTE_CHECKPOINT_[A-Z_]+\b", page.read_text())}
+    code = "".join(path.read_text() for path in (ROOT / "flyte_checkpoint").rglob("*.py"))
+    assert named, "the documentation names no FLYTE_CHECKPOINT_ variable"
+    unknown = sorted(name for name in named if name not in code)
+    assert not unknown, f"the documentation names variables no code reads: {unknown}"

@@ -53,6 +53,8 @@ class FileComponent(Protocol):
 
 
 Component: TypeAlias = Stateful | FileComponent
+"""What a controller or a part may be: an object with ``state_dict()``/``load_state_dict(state)``
+(:class:`Stateful`) or with ``save_to_path(path)``/``load_from_path(path)`` (:class:`FileComponent`)."""
 ComponentOrActor: TypeAlias = "Component | ActorHandle[Any] | type[Any]"
 """A component, or a Ray actor handle whose actor is one (``.remote()`` is typed ``ActorHandle[T] |
 type[T]``); see :mod:`flyte_checkpoint.state.ray`."""

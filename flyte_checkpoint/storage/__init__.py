@@ -34,6 +34,9 @@ from flyte_checkpoint.storage.options import accepted_anywhere, check_names, val
 from flyte_checkpoint.uris import check_supported, is_local, scheme_of
 
 StorageOptions = Mapping[str, Any]
+"""Options for a store's client and for this package's transfers (``storage_options=``): what each
+store accepts is listed in the documentation's storage options table, generated from
+:func:`~flyte_checkpoint.storage.remote_errors.option_origins`."""
 
 STORES = {
     **dict.fromkeys(("s3", "s3a"), "flyte_checkpoint.storage.s3:S3Backend"),
