@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,12 +54,21 @@ def test_a_console_block_is_commands_with_the_output_shown_after_each(tmp_path: 
     assert console_commands(block) == [("echo a", ["a"]), ("true", []), ("printf 'b\\nc'", ["b", "c"])]
 
 
-def test_sphinx_roles_in_docstrings_become_code_spans() -> None:
+def _sphinx_roles() -> Any:
     # Loaded from its file, as MkDocs loads it: docs/ is no package.
     spec = importlib.util.spec_from_file_location("sphinx_roles", ROOT / "docs" / "hooks" / "sphinx_roles.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_sphinx_roles_in_docstrings_become_code_spans() -> None:
     text = ":class:`~flyte_checkpoint.errors.CheckpointError`, :meth:`close`, :mod:`.retry`, :func:`x <a.b>`"
-    assert module.plain_roles(text) == "`CheckpointError`, `close`, `retry`, `x`"
+    assert _sphinx_roles().plain_roles(text) == "`CheckpointError`, `close`, `retry`, `x`"
+
+
+def test_the_marks_of_literal_blocks_in_docstrings_are_not_shown() -> None:
+    text = "Use it::\n\n    x = 1\n\nor\n\n::\n\n    y = 2\n"
+    assert _sphinx_roles().plain_roles(text) == "Use it:\n\n    x = 1\n\nor\n\n\n    y = 2\n"
