@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.json_out import assert_json_out_is_the_report
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "compare.py"
 
@@ -104,8 +106,4 @@ def test_report_describes_machine_and_targets(report: dict[str, Any]) -> None:
 def test_json_out_writes_the_printed_report_and_the_command_line(
     report: dict[str, Any], json_out: Path
 ) -> None:
-    written = json.loads(json_out.read_text())
-    produced = written.pop("produced")
-    assert written == report
-    assert produced["benchmark"] == "benchmarks/compare.py"
-    assert produced["arguments"][-2:] == ["--json-out", str(json_out)]
+    assert_json_out_is_the_report(report, json_out, "benchmarks/compare.py")

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.json_out import assert_json_out_is_the_report
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "objectstore.py"
 OPERATIONS = ["save-file", "save-dir", "save-bytes", "load-file", "load-dir", "load-bytes"]
@@ -78,8 +80,4 @@ def test_the_benchmark_measures_botocores_own_1_kib_requests_through_the_proxy()
 def test_json_out_writes_the_printed_report_and_the_command_line(
     report: dict[str, Any], json_out: Path
 ) -> None:
-    written = json.loads(json_out.read_text())
-    produced = written.pop("produced")
-    assert written == report
-    assert produced["benchmark"] == "benchmarks/objectstore.py"
-    assert produced["arguments"][-2:] == ["--json-out", str(json_out)]
+    assert_json_out_is_the_report(report, json_out, "benchmarks/objectstore.py")

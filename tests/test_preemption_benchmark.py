@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.json_out import assert_json_out_is_the_report
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "preemption.py"
 CONFIGURATIONS = {
@@ -110,8 +112,4 @@ def test_the_report_names_the_machine_the_scale_and_every_target(report: dict[st
 def test_json_out_writes_the_printed_report_and_the_command_line(
     report: dict[str, Any], json_out: Path
 ) -> None:
-    written = json.loads(json_out.read_text())
-    produced = written.pop("produced")
-    assert written == report
-    assert produced["benchmark"] == "benchmarks/preemption.py"
-    assert produced["arguments"][-2:] == ["--json-out", str(json_out)]
+    assert_json_out_is_the_report(report, json_out, "benchmarks/preemption.py")

@@ -205,9 +205,10 @@ def test_every_python_block_type_checks(program: Program, mypy_errors: dict[str,
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda block: block.name)
 def test_every_shell_block_runs(block: Block, tmp_path: Path) -> None:
     env = {**os.environ, **_timeout_env()}
-    if block.language != "console":
-        result = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block.code],
+
+    def bash(*arguments: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", *arguments],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -215,18 +216,13 @@ def test_every_shell_block_runs(block: Block, tmp_path: Path) -> None:
             timeout=120,
             check=False,
         )
+
+    if block.language != "console":
+        result = bash("-euo", "pipefail", "-c", block.code)
         assert result.returncode == 0, f"{block.name}:\n{result.stdout}\n{result.stderr}"
         return
     for command, shown in console_commands(block):
-        result = subprocess.run(
-            ["bash", "-o", "pipefail", "-c", command],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        result = bash("-o", "pipefail", "-c", command)
         output = result.stdout + result.stderr
         assert result.returncode == 0, f"{block.name}: $ {command}\n{output}"
         for line in shown:
