@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = StateCheckpoint(f"{base}/{uuid.uuid4().hex[:12]}/ray-state", timeout=60)
     print(f"checkpoint: {checkpoint.root}")
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         controller, units = start_actors()
         lock = threading.Lock()  # every mutation takes it, and waits for its actor calls inside
