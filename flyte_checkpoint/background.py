@@ -77,10 +77,7 @@ class BackgroundSaver:
         it at its next write if the newer save committed, and lets it go on if that one failed.
         """
         with self._condition:
-            if self._queued is not None:
-                self._queued[1].discard()
-                self._queued = None
-                self.superseded += 1
+            self._drop_queued()
         with self.paused():
             yield
         with self._condition:  # the newer state committed: an older failure no longer matters
@@ -98,10 +95,7 @@ class BackgroundSaver:
             if self._error is not None and self._error[0] == self._submitted:
                 snapshot.discard()
                 self._raise_pending_error()
-            if self._queued is not None:
-                self._queued[1].discard()
-                self.superseded += 1
-                logger.debug("background save of %s superseded by a newer one", self._name)
+            self._drop_queued()
             snapshot.gate = self._may_upload
             self._submitted += 1
             self._queued = (self._submitted, snapshot)
@@ -110,6 +104,14 @@ class BackgroundSaver:
                 with _live_lock:
                     _live.add(self)
                 threading.Thread(target=self._run, name=f"flyte-checkpoint-save {self._name}").start()
+
+    def _drop_queued(self) -> None:
+        """Discard the snapshot waiting for its upload: a newer state is on its way (lock held)."""
+        if self._queued is not None:
+            self._queued[1].discard()
+            self._queued = None
+            self.superseded += 1
+            logger.debug("background save of %s superseded by a newer one", self._name)
 
     def wait(self, *, until: float | None = None) -> None:
         """Block until nothing is queued or in flight; raise the failure of the newest failed save.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import os
 import stat
@@ -15,7 +16,7 @@ from types import TracebackType
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits
 from flyte_checkpoint.background import BackgroundSaver
-from flyte_checkpoint.commit_order import CommitOrder, OrderedGate, SupersededError
+from flyte_checkpoint.commit_order import CommitOrder, OrderedGate
 from flyte_checkpoint.context import ctx, current_attempt_number
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
@@ -371,14 +372,13 @@ class Checkpoint(BaseCheckpoint):
             snapshot.ticket = self._order.ticket()
             self._background_saver().submit(snapshot)
             return
-        if notice.current_notice() is not None and self._saver is not None:
-            self._budget.check_fits(content, self._dest)
-            with self._saver.superseding():
-                self._upload(Snapshot(content, progress=progress, ticket=self._order.ticket()))
-            return
-        self.wait_sync()
+        # After a notice the final save overtakes the background one in flight instead of waiting.
+        overtaken = self._saver if notice.current_notice() is not None else None
+        if overtaken is None:
+            self.wait_sync()
         self._budget.check_fits(content, self._dest)
-        self._upload(Snapshot(content, progress=progress, ticket=self._order.ticket()))
+        with overtaken.superseding() if overtaken is not None else contextlib.nullcontext():
+            self._upload(Snapshot(content, progress=progress, ticket=self._order.ticket()))
 
     def _refuse_destination_inside(self, content: bytes | Path) -> None:
         """Refuse a directory whose local destination lies inside it: every save would pack the
@@ -428,41 +428,36 @@ class Checkpoint(BaseCheckpoint):
             try:
                 with self._budget.measure(snapshot.data):
                     self._save_snapshot(snapshot)
-            except SupersededError as superseded:
-                # Not a failure: the checkpoint holds a newer state than this save's.
-                logger.info("%s", superseded)
+            except Exception as error:
+                # Once a newer save committed, this one is not a failure, whatever it raised (its
+                # SupersededError, or its transfer bound passing while it was paused): the
+                # checkpoint holds a newer state than this save's.
+                if snapshot.ticket is None or not self._order.superseded(snapshot.ticket):
+                    raise
+                logger.info(
+                    "a newer save to %s committed first, so this older one was discarded: %s",
+                    self._dest,
+                    error,
+                )
 
     def _save_snapshot(self, snapshot: Snapshot) -> None:
         ticket = snapshot.ticket
         gate = snapshot.gate
         if ticket is not None and gate is not None:
             gate = OrderedGate(gate, self._order, ticket, self._dest)
-        try:
-            with snapshot.errors_for_the_caller():
-                save_object(
-                    self._dest_backend,
-                    self._dest,
-                    snapshot.data,
-                    retry=self._retry,
-                    compression_level=self._level,
-                    progress=snapshot.progress,
-                    gate=gate,
-                    check_unchanged=snapshot.verify_unchanged,
-                    shown_as=snapshot.user_path,
-                    commit_turn=None if ticket is None else lambda: self._order.turn(ticket, self._dest),
-                )
-        except Exception as error:
-            # A save a newer one overtook may fail for that reason (paused past its transfer
-            # bound): it is superseded all the same, whatever it raised.
-            if (
-                ticket is not None
-                and not isinstance(error, SupersededError)
-                and self._order.superseded(ticket)
-            ):
-                raise SupersededError(
-                    f"a newer save to {self._dest} committed first; this older one failed: {error}"
-                ) from error
-            raise
+        with snapshot.errors_for_the_caller():
+            save_object(
+                self._dest_backend,
+                self._dest,
+                snapshot.data,
+                retry=self._retry,
+                compression_level=self._level,
+                progress=snapshot.progress,
+                gate=gate,
+                check_unchanged=snapshot.verify_unchanged,
+                shown_as=snapshot.user_path,
+                commit_turn=None if ticket is None else lambda: self._order.turn(ticket, self._dest),
+            )
 
     # -- lifetime ----------------------------------------------------------------------------
 
