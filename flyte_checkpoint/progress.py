@@ -95,6 +95,11 @@ class _PartReporter(ProgressReporter):
         self.advance(done)
 
 
+def reporter(callback: ProgressCallback | None, total: int | None) -> ProgressReporter | None:
+    """A :class:`ProgressReporter` for ``callback``, or ``None`` without one."""
+    return None if callback is None else ProgressReporter(callback, total)
+
+
 def combined(callback: ProgressCallback | None, total: int | None) -> CombinedProgress | None:
     """A :class:`CombinedProgress` for ``callback``, or ``None`` without one."""
     return None if callback is None else CombinedProgress(callback, total)

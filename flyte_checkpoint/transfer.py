@@ -25,7 +25,7 @@ from typing import IO, TypeVar, cast
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, InputChangedError, add_context
-from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, log_transfer
+from flyte_checkpoint.progress import ProgressCallback, log_transfer, reporter
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
 from flyte_checkpoint.storage.base import CONTENT_SIZE_KEY, COPY_CHUNK, WriteGate
 from flyte_checkpoint.storage.errors import translated_os_errors
@@ -108,13 +108,13 @@ def _save_once(
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, content, progress=progress, gate=gate)
         return _committed(writer, lambda: writer.write(content), check_unchanged, commit_turn)
     if content.is_dir():
-        reporter = ProgressReporter(progress, None) if progress is not None else None
+        told = reporter(progress, None)
         # Known before the first byte: S3 takes an upload's metadata when it starts. Its OS
         # errors (a path over PATH_MAX, a file vanishing) reach the caller's snapshot, which
         # names the caller's path, as those of the pack itself do.
         unpacked = archive.content_size(content)
         metadata = {FORMAT_KEY: "archive", CONTENT_SIZE_KEY: str(unpacked)}
-        writer = backend.open_write(uri, metadata, progress=reporter, gate=gate)
+        writer = backend.open_write(uri, metadata, progress=told, gate=gate)
         directory = content
 
         def pack() -> None:

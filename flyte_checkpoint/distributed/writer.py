@@ -34,7 +34,7 @@ from flyte_checkpoint.distributed import _commit
 from flyte_checkpoint.distributed.location import CheckpointLocation
 from flyte_checkpoint.distributed.records import ItemLocation, SaveTarget, shard_name
 from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError, UnsupportedTypeError
-from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, log_transfer
+from flyte_checkpoint.progress import ProgressCallback, log_transfer, reporter
 from flyte_checkpoint.storage import COPY_CHUNK, DIGEST_KEY, Backend, StorageOptions
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.retry import RetryPolicy
@@ -93,8 +93,7 @@ def write_shard(
     once DCP has resolved every item).
     """
     placed: list[tuple[WriteItem, int, int, str, str | None, tuple[int, ...] | None]] = []
-    reporter = ProgressReporter(progress, None) if progress is not None else None
-    writer = backend.open_write(uri, {}, progress=reporter)
+    writer = backend.open_write(uri, {}, progress=reporter(progress, None))
     try:
         for item in items:
             view, dtype, shape = encoded_item(item, resolve(item))

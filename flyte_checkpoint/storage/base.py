@@ -15,7 +15,7 @@ from typing import IO, Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointUnavailableError, InputChangedError
-from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
+from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, reporter
 from flyte_checkpoint.storage.deadline import current_ceiling
 from flyte_checkpoint.storage.digests import ContentDigest, digest_of
 
@@ -269,7 +269,7 @@ class VerifyingReader(io.RawIOBase):
         self._digest = ContentDigest.like(recorded, where=f"checkpoint {info.uri}") if recorded else None
         self._size = 0
         self._verified = False
-        self._progress = ProgressReporter(progress, info.size) if progress is not None else None
+        self._progress = reporter(progress, info.size)
 
     def read(self, size: int = -1) -> bytes:
         with self._translate_errors():
@@ -406,7 +406,7 @@ class Backend(abc.ABC):
             metadata,
             declared_digest=digest,
             declared_size=size if digest is not None else None,
-            progress=ProgressReporter(progress, size) if progress is not None else None,
+            progress=reporter(progress, size),
             gate=gate,
         )
 
