@@ -3,7 +3,6 @@ flight, and that older save can never commit over it."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -16,16 +15,10 @@ from flyte_checkpoint.commit_order import CommitOrder, SupersededError
 from flyte_checkpoint.errors import PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.storage.local import temp_files_for
+from tests.preemption.test_checkpoint_after_a_notice import slow_directory
 from tests.storage_servers import StorageServer, create_bucket
 
-MiB = 1 << 20
-
-
-def state_directory(root: Path, files: int = 8) -> Path:
-    root.mkdir()
-    for index in range(files):
-        (root / f"shard-{index}.bin").write_bytes(os.urandom(MiB))
-    return root
+STATE_FILES = 8
 
 
 class HeldUpload:
@@ -61,7 +54,7 @@ def test_the_final_save_after_a_notice_commits_while_the_background_save_is_stil
     tmp_path: Path,
 ) -> None:
     helper = Checkpoint(tmp_path / "ckpt")
-    held = background_save_held_in_flight(helper, state_directory(tmp_path / "state"))
+    held = background_save_held_in_flight(helper, slow_directory(tmp_path / "state", files=STATE_FILES))
     notice.notify_signal(signal.SIGTERM, 5.0)
     try:
         helper.save_sync(b"final state")  # waiting for the held upload would end in PreemptionDeadlineError
@@ -73,7 +66,7 @@ def test_the_final_save_after_a_notice_commits_while_the_background_save_is_stil
 
 def test_the_older_background_save_never_commits_over_the_final_save(tmp_path: Path) -> None:
     helper = Checkpoint(tmp_path / "ckpt")
-    held = background_save_held_in_flight(helper, state_directory(tmp_path / "state"))
+    held = background_save_held_in_flight(helper, slow_directory(tmp_path / "state", files=STATE_FILES))
     notice.notify_signal(signal.SIGTERM, 5.0)
     helper.save_sync(b"final state")
     held.release.set()
@@ -84,7 +77,7 @@ def test_the_older_background_save_never_commits_over_the_final_save(tmp_path: P
 
 def test_a_queued_background_save_is_dropped_by_the_final_save(tmp_path: Path) -> None:
     helper = Checkpoint(tmp_path / "ckpt")
-    held = background_save_held_in_flight(helper, state_directory(tmp_path / "state"))
+    held = background_save_held_in_flight(helper, slow_directory(tmp_path / "state", files=STATE_FILES))
     helper.save_sync(b"queued state", background=True)
     notice.notify_signal(signal.SIGTERM, 5.0)
     helper.save_sync(b"final state")
@@ -95,7 +88,7 @@ def test_a_queued_background_save_is_dropped_by_the_final_save(tmp_path: Path) -
 
 def test_the_background_save_in_flight_goes_on_when_the_final_save_is_refused(tmp_path: Path) -> None:
     helper = Checkpoint(tmp_path / "ckpt")
-    held = background_save_held_in_flight(helper, state_directory(tmp_path / "state"))
+    held = background_save_held_in_flight(helper, slow_directory(tmp_path / "state", files=STATE_FILES))
     notice.notify_signal(signal.SIGTERM, 0.01)
     time.sleep(0.05)  # past the save deadline: the final save is not started
     with pytest.raises(PreemptionDeadlineError, match="not saving"):
@@ -106,7 +99,9 @@ def test_the_background_save_in_flight_goes_on_when_the_final_save_is_refused(tm
     restored = Checkpoint(tmp_path / "unused", tmp_path / "ckpt").load_sync()
     assert restored is not None
     assert restored.is_dir()
-    assert sorted(p.name for p in restored.iterdir()) == [f"shard-{index}.bin" for index in range(8)]
+    assert sorted(p.name for p in restored.iterdir()) == [
+        f"shard-{index}.bin" for index in range(STATE_FILES)
+    ]
 
 
 def test_the_final_save_supersedes_the_background_upload_in_flight_on_s3(
@@ -114,7 +109,7 @@ def test_the_final_save_supersedes_the_background_upload_in_flight_on_s3(
 ) -> None:
     uri = f"s3://{create_bucket(s3_server)}/ckpt"
     helper = Checkpoint(uri, storage_options=s3_server.storage_options)
-    held = background_save_held_in_flight(helper, state_directory(tmp_path / "state"))
+    held = background_save_held_in_flight(helper, slow_directory(tmp_path / "state", files=STATE_FILES))
     notice.notify_signal(signal.SIGTERM, 10.0)
     try:
         helper.save_sync(b"final state")
