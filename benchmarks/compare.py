@@ -128,6 +128,14 @@ def _manifest_ok(manifest: Path, expected: dict[str, Any]) -> dict[str, Any] | N
     return None
 
 
+def new_run_dir(name: str) -> Path:
+    """A fresh directory of this run's own under ``DATA_ROOT`` (``name-pid-random``)."""
+    DATA_ROOT.mkdir(parents=True, exist_ok=True)
+    run_dir = DATA_ROOT / f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir()
+    return run_dir
+
+
 @contextlib.contextmanager
 def _data_lock() -> Iterator[None]:
     """Serialise checking and generating data between concurrent runs (e.g. two smoke tests)."""
@@ -1201,8 +1209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     patterns = [p.strip() for p in args.only.split(",") if p.strip()]
     out = sys.stderr if args.json else sys.stdout
-    DATA_ROOT.mkdir(parents=True, exist_ok=True)
-    run_dir = DATA_ROOT / f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    run_dir = new_run_dir("run")
     with _terminate_as_interrupt():
         try:
             return _main(args, patterns, out, run_dir, argv)

@@ -506,9 +506,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    compare.DATA_ROOT.mkdir(parents=True, exist_ok=True)
-    run_dir = compare.DATA_ROOT / f"objectstore-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    run_dir.mkdir()
+    run_dir = compare.new_run_dir("objectstore")
     with compare._terminate_as_interrupt():
         try:
             return _main(args, run_dir, out, argv)

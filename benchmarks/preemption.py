@@ -1162,9 +1162,7 @@ def describe_machine() -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    compare.DATA_ROOT.mkdir(parents=True, exist_ok=True)
-    run_dir = compare.DATA_ROOT / f"preemption-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    run_dir.mkdir()
+    run_dir = compare.new_run_dir("preemption")
     processes = Processes(run_dir)
     with compare._terminate_as_interrupt():
         try:
