@@ -23,6 +23,7 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
     NoTaskCheckpointError,
     Preempted,
+    PreemptionDeadlineError,
     UnsupportedTypeError,
     add_context,
     describe_error,
@@ -221,23 +222,46 @@ class Checkpoint(BaseCheckpoint):
         """The exception that ends this attempt after a notice: ``raise checkpoint.preemption()``.
 
         Its message says whether a save of this helper committed after the notice, and where.
+        A background save still in flight is waited for first, up to the save deadline: in the
+        documented loop a notice that arrives while the state is being written finds the save
+        of that step already sent to the background, and whether it commits decides both the
+        message and :attr:`Preempted.saved` (which the exit status of ``flyte-checkpoint run`` goes by).
         Raises :class:`RuntimeError` when there was no notice (check :attr:`preempted` first).
         """
         current = notice.current_notice()
         if current is None:
             raise RuntimeError("no preemption notice was received; check checkpoint.preempted first")
+        unsettled = self._settle_background_saves()
         saved = self._budget.committed_since(current.received_at)
         if saved:
             detail = (
                 f"the checkpoint saved after the notice committed to {self._dest}; the next "
                 "attempt resumes from it"
             )
+        elif unsettled is not None:
+            detail = f"{unsettled}; the next attempt resumes from the newest checkpoint that committed"
         else:
             detail = (
                 f"no save to {self._dest} committed after the notice; the next attempt resumes from "
                 "the newest earlier one, if any"
             )
         return notice.preempted_exit(current, detail=detail, saved=saved)
+
+    def _settle_background_saves(self) -> str | None:
+        """Wait for the background saves in flight, up to the save deadline; what kept them from
+        committing (their failure is reported here, so :meth:`close` does not raise it again)."""
+        if self._saver is None:
+            return None
+        try:
+            self._saver.wait(until=notice.save_deadline())
+        except PreemptionDeadlineError:
+            return (
+                f"the background save to {self._dest} in flight did not commit before the save "
+                "deadline (it goes on until the process ends)"
+            )
+        except Exception as error:
+            return f"the background save to {self._dest} in flight failed: {error}"
+        return None
 
     # -- load --------------------------------------------------------------------------------
 

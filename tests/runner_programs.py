@@ -69,10 +69,14 @@ class Counting:
         self.step += 1
 
 
-def count(signals: int = 1, unhandled: bool = False, save_on_notice: bool = True) -> int:
+def count(
+    signals: int = 1, unhandled: bool = False, save_on_notice: bool = True, in_background: bool = False
+) -> int:
     """Count to :data:`STEPS` in 50 ms steps; attempts below ``signals`` stop at step 2 to wait
     for SIGTERM. Handled (the documented loop): save on the notice, then stop with
-    ``checkpoint.preemption()``. ``unhandled``: save after every step and never look."""
+    ``checkpoint.preemption()``; ``in_background``: that save goes to the background, as in the
+    documented loop when the notice comes while the state is written. ``unhandled``: save after
+    every step and never look."""
     number, checkpoint = _attempt()
     restored = checkpoint.load_sync()
     counting = Counting(number, None if restored is None else restored.read_bytes(), signals)
@@ -83,7 +87,7 @@ def count(signals: int = 1, unhandled: bool = False, save_on_notice: bool = True
             checkpoint.save_sync(str(counting.step).encode())
         elif checkpoint.preempted:
             if save_on_notice:
-                checkpoint.save_sync(str(counting.step).encode())
+                checkpoint.save_sync(str(counting.step).encode(), background=in_background)
                 print(f"saved {counting.step}", flush=True)
             raise checkpoint.preemption()
     return counting.step

@@ -115,6 +115,14 @@ def test_run_exits_with_its_preempted_status_when_a_checkpoint_was_saved_after_t
     assert program.lines[-1].startswith("flyte-checkpoint: preempted by SIGTERM")
 
 
+def test_run_exits_with_its_preempted_status_when_the_save_sent_to_the_background_at_the_notice_commits(
+    tmp_path: Path,
+) -> None:
+    status, program = preempted_run(tmp_path / "cur", '{"signals": 1, "in_background": true}')
+    assert status == EXIT_PREEMPTED, program.output()
+    assert (tmp_path / "cur").read_bytes() == b"2"
+
+
 def test_run_exits_128_plus_the_signal_when_nothing_was_saved_after_the_notice(tmp_path: Path) -> None:
     status, program = preempted_run(tmp_path / "cur", '{"signals": 1, "save_on_notice": false}')
     assert status == 128 + signal.SIGTERM, program.output()

@@ -15,7 +15,7 @@ from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.errors import Preempted, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
 from tests.storage_servers import StorageServer, create_bucket
-from tests.test_background_save import stall_uploads
+from tests.test_background_save import failing_uploads, stall_uploads
 
 MiB = 1 << 20
 
@@ -92,6 +92,48 @@ def test_preemption_says_when_no_save_committed_after_the_notice(tmp_path: Path)
     assert preempted.saved is False
     assert preempted.code == 128 + signal.SIGUSR1
     assert "no save" in str(preempted)
+
+
+def test_preemption_waits_for_the_background_save_sent_as_the_notice_came_and_says_it_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The documented loop, when the notice arrives while the state is written: that step's save
+    # went to the background, and the loop raises checkpoint.preemption() right after.
+    helper, gate = stalled_upload_in_flight(tmp_path / "ckpt", monkeypatch, b"step 20")
+    notice.notify_signal(signal.SIGTERM, 30.0)
+    threading.Timer(0.3, gate.set).start()
+    preempted = helper.preemption()
+    assert preempted.saved is True
+    assert "committed to" in str(preempted)
+    assert (tmp_path / "ckpt").read_bytes() == b"step 20"
+
+
+def test_preemption_stops_waiting_for_a_background_save_at_the_save_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    helper, gate = stalled_upload_in_flight(tmp_path / "ckpt", monkeypatch, b"step 20")
+    notice.notify_signal(signal.SIGTERM, 0.5)  # the save deadline 0.45 s away
+    try:
+        started = time.monotonic()
+        preempted = helper.preemption()
+        waited = time.monotonic() - started
+    finally:
+        gate.set()
+    assert preempted.saved is False
+    assert "did not commit before the save deadline" in str(preempted)
+    assert waited < 5
+
+
+def test_preemption_names_the_failure_of_the_background_save_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    helper = Checkpoint(tmp_path / "ckpt")
+    failing_uploads(monkeypatch, helper)
+    helper.save_sync(b"step 20", background=True)
+    notice.notify_signal(signal.SIGTERM, 30.0)
+    preempted = helper.preemption()
+    assert preempted.saved is False
+    assert "in flight failed: injected upload failure" in str(preempted)
 
 
 def test_preemption_without_a_notice_is_a_mistake_named_as_such(tmp_path: Path) -> None:
