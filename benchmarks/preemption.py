@@ -123,7 +123,8 @@ class Scale:
 SCALES = {
     # A state large enough that a save (about half a second here) and G stand well above the
     # scheduler's noise; at 16 MiB a save took 50 ms and G was 0.1 s, decided by a step's instant.
-    "local": Scale(step_s=0.1, every=10, extra_mib=192, run_steps=100, delay_s=(0.2, 1.5)),
+    # SIGTERM up to three save intervals (1 s) after the resume, as the S3 scale has it.
+    "local": Scale(step_s=0.1, every=10, extra_mib=192, run_steps=100, delay_s=(0.3, 3.0)),
     "s3": Scale(step_s=0.05, every=20, extra_mib=4, run_steps=120, delay_s=(0.3, 2.5)),
 }
 QUICK_SCALES = {
