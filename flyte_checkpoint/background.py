@@ -47,7 +47,19 @@ class BackgroundSaver:
         self._pausers = 0
         self._may_upload = threading.Event()
         self._may_upload.set()
+        self._hold: threading.Timer | None = None
         self.superseded = 0
+
+    def _pause(self) -> None:
+        """Stop the upload in flight at its next write (lock held); undone by :meth:`_unpause`."""
+        self._pausers += 1
+        self._may_upload.clear()
+
+    def _unpause(self) -> None:
+        """Undo one :meth:`_pause` (lock held): the upload goes on once no pause is left."""
+        self._pausers -= 1
+        if self._pausers == 0:
+            self._may_upload.set()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -58,15 +70,38 @@ class BackgroundSaver:
         upload loses only the few milliseconds the snapshot takes.
         """
         with self._condition:
-            self._pausers += 1
-            self._may_upload.clear()
+            self._pause()
         try:
             yield
         finally:
             with self._condition:
-                self._pausers -= 1
-                if self._pausers == 0:
-                    self._may_upload.set()
+                self._unpause()
+
+    def hold(self, seconds: float) -> None:
+        """Hold the upload in flight at its next write for up to ``seconds``, for a newer save.
+
+        For a task that has taken a preemption notice over: in the documented loop it now
+        writes its newest state and saves it, blocking, and an older upload using the cores and
+        the disk meanwhile only slows that down (a 192 MiB state took 0.5-0.7 s to write beside
+        one, 0.1-0.25 s alone). The next save, :meth:`wait` or :meth:`submit` ends the hold (the
+        blocking save holds the upload itself while it runs); if none comes, the upload resumes
+        when the hold runs out. Does nothing when no upload is in flight or one hold is on.
+        """
+        with self._condition:
+            if not self._busy or self._hold is not None:
+                return
+            self._pause()
+            self._hold = threading.Timer(seconds, self.release_hold)
+            self._hold.daemon = True
+            self._hold.start()
+
+    def release_hold(self) -> None:
+        """End the hold of :meth:`hold`, if one is on."""
+        with self._condition:
+            hold, self._hold = self._hold, None
+            if hold is not None:
+                hold.cancel()
+                self._unpause()
 
     @contextlib.contextmanager
     def superseding(self) -> Iterator[None]:
@@ -79,6 +114,7 @@ class BackgroundSaver:
         with self._condition:
             self._drop_queued()
         with self.paused():
+            self.release_hold()  # this save holds the upload now, and lets it go when it ends
             yield
         with self._condition:  # the newer state committed: an older failure no longer matters
             if self._error is not None:
@@ -91,6 +127,7 @@ class BackgroundSaver:
         Raises the failure of the newest earlier save first (and drops ``snapshot``); the
         failure of a save that a newer one superseded waits for that newer one's outcome.
         """
+        self.release_hold()
         with self._condition:
             if self._error is not None and self._error[0] == self._submitted:
                 snapshot.discard()
@@ -119,7 +156,9 @@ class BackgroundSaver:
         A failure is raised only if no newer save succeeded after it (the newest state wins).
         With ``until`` (a ``time.monotonic()`` moment: a preemption's save deadline), a wait
         still unfinished then raises :class:`PreemptionDeadlineError`; the upload goes on.
+        A :meth:`hold` ends first: the caller waits for the upload, so it must go on.
         """
+        self.release_hold()
         with self._condition:
             while self._busy:
                 left = None if until is None else until - time.monotonic()

@@ -10,6 +10,7 @@ import os
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -169,6 +170,8 @@ class Checkpoint(BaseCheckpoint):
         self._workspace = Workspace()
         self._load_lock = threading.Lock()
         self._saver: BackgroundSaver | None = None
+        self._held_for: notice.PreemptionNotice | None = None
+        """The notice whose take-over held the background upload (once per notice)."""
         self._loaded = False
         self._restored: Path | None = None
         self._budget = SaveBudget()
@@ -208,9 +211,22 @@ class Checkpoint(BaseCheckpoint):
                 checkpoint.save_sync(state, background=not checkpoint.preempted)
             if checkpoint.preempted:
                 raise checkpoint.preemption()
+
+        The first ``True`` after a notice also holds this helper's background upload in flight,
+        for up to half the time left before the save deadline: the task is about to write its
+        newest state and save it, and the older upload would only take the cores and the disk
+        from that. The save (which overtakes the held upload), :meth:`preemption`,
+        :meth:`wait_sync` or :meth:`close` ends the hold; without any, the upload resumes when
+        the hold runs out.
         """
         notice.take_over()
-        return notice.current_notice() is not None
+        current = notice.current_notice()
+        if current is not None and self._held_for is not current:
+            self._held_for = current
+            deadline = notice.save_deadline()
+            if self._saver is not None and deadline is not None:
+                self._saver.hold(max(0.0, deadline - time.monotonic()) / 2)
+        return current is not None
 
     def time_left(self) -> float | None:
         """Seconds until the expected SIGKILL, or ``None`` before a preemption notice."""
