@@ -416,7 +416,12 @@ class Checkpoint(BaseCheckpoint):
         overtaken = self._saver if notice.current_notice() is not None else None
         if overtaken is None:
             self.wait_sync()
-        self._budget.check_fits(content, self._dest)
+        try:
+            self._budget.check_fits(content, self._dest)
+        except PreemptionDeadlineError:
+            if overtaken is not None:
+                overtaken.release_hold()  # the older upload is now the one left to commit
+            raise
         with overtaken.superseding() if overtaken is not None else contextlib.nullcontext():
             self._upload(Snapshot(content, progress=progress, ticket=self._order.ticket()))
 

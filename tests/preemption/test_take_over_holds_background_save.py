@@ -9,7 +9,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from flyte_checkpoint import Checkpoint
+from flyte_checkpoint.errors import PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
 from tests.preemption.test_checkpoint_after_a_notice import slow_directory
 
@@ -89,6 +92,22 @@ def test_the_upload_is_held_once_per_notice_however_often_preempted_is_read(tmp_
     assert committed is not None, "the upload never committed"
     assert committed - second_read < 0.7  # not held again for half of the 1.7 s left
     helper.close()
+
+
+def test_a_final_save_refused_as_not_fitting_lets_the_held_upload_go_on_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    helper, _ = background_save_underway(tmp_path)
+    notice.notify_signal(signal.SIGTERM, 30.0)  # held for up to 13.5 s
+    assert helper.preempted
+    # Fault injection: this helper's past saves say a save takes 100 s.
+    monkeypatch.setattr(helper._budget, "estimate", lambda content: (100.0, "a test's estimate"))
+    with pytest.raises(PreemptionDeadlineError, match="a test's estimate"):
+        helper.save_sync(b"final state")
+    refused_at = time.monotonic()
+    committed = committed_by(tmp_path / "ckpt", refused_at + 20)
+    assert committed is not None, "the held upload never committed"
+    assert committed - refused_at < 5
 
 
 def test_preemption_ends_the_hold_and_reports_the_held_upload_committed(tmp_path: Path) -> None:
