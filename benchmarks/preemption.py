@@ -530,13 +530,22 @@ class Processes:
         self.work = work
         self.live: set[Any] = set()
         self.lock = threading.Lock()
+        self.stopped = False
 
     def start(self, target: Callable[[dict[str, Any]], None], spec: dict[str, Any]) -> Any:
         process = self.context.Process(target=target, args=(spec,), daemon=True)
         with self.lock:
+            if self.stopped:
+                raise HarnessError("the benchmark was interrupted")
             process.start()
             self.live.add(process)
         return process
+
+    def stop(self) -> None:
+        """Kill every attempt and refuse new ones: the supervisors' threads then end at once."""
+        with self.lock:
+            self.stopped = True
+        self.kill_all()
 
     def reap(self, process: Any) -> None:
         if process.is_alive():
@@ -1255,7 +1264,7 @@ def _main(
                 continue
             setup = prepare(store, scales[storage], processes, run_dir / storage, args, out)
             storages[storage] = setup.report
-            results.extend(run_configurations(setup.supervisors, parallel_for(storage, args)))
+            results.extend(run_configurations(setup.supervisors, parallel_for(storage, args), processes))
     for result in results:
         print_preemptions(result, out)
     print_summary(results, out)
@@ -1302,12 +1311,18 @@ def parallel_for(storage: str, args: argparse.Namespace) -> int:
     return parallel
 
 
-def run_configurations(supervisors: list[Supervisor], parallel: int) -> list[ConfigResult]:
+def run_configurations(
+    supervisors: list[Supervisor], parallel: int, processes: Processes
+) -> list[ConfigResult]:
     """Run the configurations, ``parallel`` at once; their results in the order given."""
     # The reference's last (its runs are the shortest), so no long one is left to run alone.
     order = sorted(supervisors, key=lambda s: s.config.variant == "reference")
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        done = dict(zip(order, pool.map(Supervisor.run, order), strict=True))
+        try:
+            done = dict(zip(order, pool.map(Supervisor.run, order), strict=True))
+        except BaseException:  # Ctrl-C or SIGTERM: end the supervisors' threads, or the pool waits for them
+            processes.stop()
+            raise
     return [done[supervisor] for supervisor in supervisors]
 
 

@@ -215,9 +215,9 @@ class Checkpoint(BaseCheckpoint):
         The first ``True`` after a notice also holds this helper's background upload in flight,
         for up to half the time left before the save deadline: the task is about to write its
         newest state and save it, and the older upload would only take the cores and the disk
-        from that. The save (which overtakes the held upload), :meth:`preemption`,
-        :meth:`wait_sync` or :meth:`close` ends the hold; without any, the upload resumes when
-        the hold runs out.
+        from that. The save (which overtakes the held upload, or is refused as not fitting),
+        :meth:`preemption`, :meth:`wait_sync` or :meth:`close` ends the hold; without any, the
+        upload resumes when the hold runs out.
         """
         notice.take_over()
         current = notice.current_notice()
