@@ -77,6 +77,12 @@ class BackgroundSaver:
             with self._condition:
                 self._unpause()
 
+    @property
+    def busy(self) -> bool:
+        """Whether an upload is queued or in flight."""
+        with self._condition:
+            return self._busy
+
     def hold(self, seconds: float) -> None:
         """Hold the upload in flight at its next write for up to ``seconds``, for a newer save.
 

@@ -405,7 +405,7 @@ class Checkpoint(BaseCheckpoint):
         content = _validated(data)
         self._refuse_destination_inside(content)
         if background:
-            self._budget.check_fits(content, self._dest)
+            self._budget.check_fits(content, self._dest, older_in_flight=self._uploading())
             with self._background_saver().paused():
                 snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
             snapshot.progress = progress
@@ -417,7 +417,7 @@ class Checkpoint(BaseCheckpoint):
         if overtaken is None:
             self.wait_sync()
         try:
-            self._budget.check_fits(content, self._dest)
+            self._budget.check_fits(content, self._dest, older_in_flight=self._uploading())
         except PreemptionDeadlineError:
             if overtaken is not None:
                 overtaken.release_hold()  # the older upload is now the one left to commit
@@ -462,6 +462,10 @@ class Checkpoint(BaseCheckpoint):
     async def wait(self) -> None:
         """Async :meth:`wait_sync`."""
         await asyncio.to_thread(self.wait_sync)
+
+    def _uploading(self) -> bool:
+        """Whether a background save of this helper is queued or in flight."""
+        return self._saver is not None and self._saver.busy
 
     def _background_saver(self) -> BackgroundSaver:
         if self._saver is None:

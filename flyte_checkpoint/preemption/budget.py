@@ -38,9 +38,12 @@ class SaveBudget:
 
     After a notice, :meth:`check_fits` refuses to start a save whose estimate (the quickest of
     the last few saves of the same kind, scaled by size where the size is known) does not fit
-    before the save deadline:
-    starting it would only be cut off by the SIGKILL or by the save's own bound. A helper that
-    never saved has nothing to go by, so its save is tried, bounded by the deadline.
+    before the save deadline while an older save of the helper is in flight: the time left is
+    that one's to commit in. With nothing in flight the save is tried all the same, bounded by
+    the deadline: refusing it could only lose the newer state, and the estimate leans long (a
+    process's first saves, made in the background beside training, took 2-3 times as long as
+    the final save after a notice in the preemption benchmark). A helper that never saved has
+    nothing to go by, so its save is tried too.
     """
 
     def __init__(self) -> None:
@@ -85,19 +88,24 @@ class SaveBudget:
         moved = human_size(earlier)
         return estimate, f"the quickest of the last {kind} saves moved {moved} in {seconds:.1f} s"
 
-    def check_fits(self, content: bytes | Path, uri: str) -> None:
-        """Raise :class:`PreemptionDeadlineError` if a save of ``content`` cannot commit in time."""
+    def check_fits(self, content: bytes | Path, uri: str, *, older_in_flight: bool) -> None:
+        """Raise :class:`PreemptionDeadlineError` if no time is left for a save of ``content``, or
+        if ``older_in_flight`` (a save of this helper is uploading) and it is estimated not to fit."""
         current = notice.current_notice()
         deadline = notice.save_deadline()
         if current is None or deadline is None:
             return
         left = deadline - time.monotonic()
-        estimate = self.estimate(content)
-        if left > 0 and (estimate is None or estimate[0] <= left):
-            return
-        why = "no time is left" if left <= 0 else f"it is estimated at {estimate[0]:.1f} s ({estimate[1]})"  # type: ignore[index]
+        if left > 0:
+            estimate = self.estimate(content)
+            if not older_in_flight or estimate is None or estimate[0] <= left:
+                return
+            why = f"it is estimated at {estimate[0]:.1f} s ({estimate[1]})"
+            kept = "the save already in flight is given the time instead"
+        else:
+            why = "no time is left"
+            kept = "the checkpoint there (or the save already in flight) is kept"
         raise PreemptionDeadlineError(
             f"not saving to {uri}: {why}, and {max(left, 0.0):.1f} s remain before the save deadline "
-            f"({current.describe()}, {current.margin:.1f} s kept free to exit); the checkpoint there "
-            "(or the save already in flight) is kept"
+            f"({current.describe()}, {current.margin:.1f} s kept free to exit); {kept}"
         )

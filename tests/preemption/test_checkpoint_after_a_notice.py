@@ -151,18 +151,42 @@ def test_a_preempted_exception_survives_pickling(tmp_path: Path) -> None:
     assert copy.saved is False
 
 
-def test_a_save_estimated_not_to_fit_in_the_time_left_is_not_started_and_the_old_object_stays(
+def test_a_save_estimated_not_to_fit_is_not_started_while_an_older_one_is_in_flight_which_commits(
     tmp_path: Path,
 ) -> None:
     target = tmp_path / "ckpt"
     helper = Checkpoint(target)
     source = slow_directory(tmp_path / "state")
     helper.save_sync(source, progress=crawl)  # measured: about a second
-    before = target.read_bytes()
+    release = threading.Event()
+
+    def held(done: int, total: int | None) -> None:
+        assert release.wait(30), "the test never released the upload"
+
+    helper.save_sync(b"in flight", background=True, progress=held)
     notice.notify_signal(signal.SIGTERM, 0.5)  # 0.45 s to the save deadline
-    with pytest.raises(PreemptionDeadlineError, match="estimated at"):
-        helper.save_sync(source)
-    assert target.read_bytes() == before
+    try:
+        with pytest.raises(PreemptionDeadlineError, match=r"estimated at .* in flight is given the time"):
+            helper.save_sync(source)
+    finally:
+        release.set()
+    helper.wait_sync()
+    assert target.read_bytes() == b"in flight"
+
+
+def test_a_save_estimated_not_to_fit_is_tried_when_nothing_is_in_flight(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt"
+    helper = Checkpoint(target)
+    helper.save_sync(slow_directory(tmp_path / "state"), progress=crawl)  # measured: about a second
+    notice.notify_signal(signal.SIGTERM, 0.5)  # 0.45 s to the save deadline
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "step").write_bytes(b"11")
+    helper.save_sync(small)  # the estimate leans long; refusing could only lose this state
+    with Checkpoint(tmp_path / "unused", target) as reader:
+        restored = reader.load_sync()
+        assert restored is not None
+        assert (restored / "step").read_bytes() == b"11"
 
 
 def test_a_save_after_a_notice_that_runs_past_the_deadline_is_stopped_and_the_old_object_stays(

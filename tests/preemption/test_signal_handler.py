@@ -68,7 +68,7 @@ def test_a_task_that_never_reads_preempted_and_saves_nothing_is_ended_promptly(t
         program.send(signal.SIGTERM)
         status = program.finish()
     assert status == 143, program.output()
-    assert steps_done(program) < 15
+    assert steps_done(program) < 60  # 3 s of 50 ms steps, on a loaded machine; the grace is 10 s
 
 
 def test_a_handler_installed_before_is_called_on_the_signal_and_restored_afterwards() -> None:
