@@ -887,7 +887,7 @@ def calibrate_in_run(
     """Durations of ours' final save after a notice, met in the run itself: what G is a multiple of.
 
     The one-line job preempted at random instants, with a grace period no save comes near, so
-    every final save runs to its end. Saves back to back (:func:`calibrate`) run 20-30% quicker
+    every final save runs to its end. Saves back to back (:func:`calibrate`) were 7-130% quicker
     than these: in the run the job's state is written right after a training step, often with a
     background save of the previous state still in flight, and the page cache holds the saves
     before. G computed from those would be under twice the save the configurations meet.
