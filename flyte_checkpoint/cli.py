@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -498,6 +499,7 @@ def _run(args: argparse.Namespace) -> int:
             grace_seconds=args.grace_seconds,
         )
     except Preempted as preempted:
+        _ignore_further_notices(preempted)
         if args.debug:
             traceback.print_exc()
         code = _preempted_exit_code(preempted)
@@ -510,6 +512,18 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_TASK_FAILED
     print(json.dumps(result, default=str))
     return EXIT_OK
+
+
+def _ignore_further_notices(preempted: Preempted) -> None:
+    """The attempt's outcome is decided: a later SIGTERM (the kubelet's after a cloud notice, a
+    wrapper forwarding one again) must not kill the exiting process with 143 in place of 75.
+
+    The handler was uninstalled when the attempt ended, so the signal's default action is back;
+    the SIGKILL at the deadline still ends an exit that takes too long.
+    """
+    for signum in {signal.SIGTERM, preempted.signal}:
+        if signum is not None:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _preempted_exit_code(preempted: Preempted) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import logging
 import signal
@@ -70,13 +71,20 @@ class Counting:
 
 
 def count(
-    signals: int = 1, unhandled: bool = False, save_on_notice: bool = True, in_background: bool = False
+    signals: int = 1,
+    unhandled: bool = False,
+    save_on_notice: bool = True,
+    in_background: bool = False,
+    linger_at_exit: bool = False,
 ) -> int:
     """Count to :data:`STEPS` in 50 ms steps; attempts below ``signals`` stop at step 2 to wait
     for SIGTERM. Handled (the documented loop): save on the notice, then stop with
     ``checkpoint.preemption()``; ``in_background``: that save goes to the background, as in the
     documented loop when the notice comes while the state is written. ``unhandled``: save after
-    every step and never look."""
+    every step and never look. ``linger_at_exit``: the interpreter's exit prints ``exiting`` and
+    takes 2 s (as one waiting for a save or flushing logs does)."""
+    if linger_at_exit:
+        atexit.register(_linger)
     number, checkpoint = _attempt()
     restored = checkpoint.load_sync()
     counting = Counting(number, None if restored is None else restored.read_bytes(), signals)
@@ -91,6 +99,11 @@ def count(
                 print(f"saved {counting.step}", flush=True)
             raise checkpoint.preemption()
     return counting.step
+
+
+def _linger() -> None:
+    print("exiting", flush=True)
+    time.sleep(2)
 
 
 async def count_async(signals: int = 1, unhandled: bool = False) -> int:

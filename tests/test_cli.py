@@ -123,6 +123,21 @@ def test_run_exits_with_its_preempted_status_when_the_save_sent_to_the_backgroun
     assert (tmp_path / "cur").read_bytes() == b"2"
 
 
+def test_a_second_sigterm_while_run_exits_after_a_preemption_does_not_change_its_status(
+    tmp_path: Path,
+) -> None:
+    argv = ["run", "--checkpoint-path", str(tmp_path / "cur"), "--grace-seconds", "5"]
+    inputs = ["--inputs", '{"signals": 1, "linger_at_exit": true}']
+    with running([*argv, *inputs, "tests.runner_programs:count"], module="flyte_checkpoint") as program:
+        program.wait_for_line("ready")
+        program.send(signal.SIGTERM)
+        program.wait_for_line("exiting")
+        program.send(signal.SIGTERM)  # a wrapper forwarding it again, or the kubelet after a cloud notice
+        status = program.finish()
+    assert status == EXIT_PREEMPTED, program.output()
+    assert (tmp_path / "cur").read_bytes() == b"2"
+
+
 def test_run_exits_128_plus_the_signal_when_nothing_was_saved_after_the_notice(tmp_path: Path) -> None:
     status, program = preempted_run(tmp_path / "cur", '{"signals": 1, "save_on_notice": false}')
     assert status == 128 + signal.SIGTERM, program.output()
