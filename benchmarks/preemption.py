@@ -83,9 +83,9 @@ STALL_LIMIT = 15
 """A run whose attempts resume no later than the one before this many times in a row is given
 up as a preemption loop that never progresses."""
 CALIBRATION_GRACE_S = 120.0
+"""The grace period of the calibration run: long enough that no final save is cut short."""
 CALIBRATION_ROUNDS = 5
 """Calibration runs at most, to collect ``--calibration-saves`` blocking final saves."""
-"""The grace period of the calibration run: long enough that no final save is cut short."""
 TARGET_GRACE = 2.0
 """The targets' "G at least twice the save's duration": checked at every factor from this one up."""
 
@@ -925,6 +925,11 @@ def baseline_digest(processes: Processes, scale: Scale, work: Path) -> str:
     return digest
 
 
+def basis_name(factor: float) -> str:
+    """Which calibrated save G is ``factor`` times: see :func:`grace_basis`."""
+    return "slowest" if factor >= 1 else "quickest"
+
+
 def grace_basis(in_run: Sequence[float], factor: float) -> float:
     """The save G is a multiple of: the slowest calibrated save for "at least N saves" (N >= 1),
     the quickest for "shorter than one save", so each condition holds for every save measured.
@@ -934,7 +939,7 @@ def grace_basis(in_run: Sequence[float], factor: float) -> float:
     the preemptions that meet a slow write, and a user sets the grace period from the slowest
     save seen, not the typical one.
     """
-    return max(in_run) if factor >= 1 else min(in_run)
+    return max(in_run) if basis_name(factor) == "slowest" else min(in_run)
 
 
 def configurations(
@@ -1069,7 +1074,7 @@ def print_preemptions(result: ConfigResult, out: TextIO) -> None:
     print(
         f"\n{config.name} ({LABELS[config.variant]}, G = {config.grace_s:.3f} s = "
         f"{config.grace_s / config.save_s:.2f} x the {config.save_s:.3f} s "
-        f"{'slowest' if config.grace_factor >= 1 else 'quickest'} calibrated save; the notice keeps "
+        f"{basis_name(config.grace_factor)} calibrated save; the notice keeps "
         f"{config.margin_s:.3f} s of it free to exit, so "
         f"saves must commit within {config.grace_s - config.margin_s:.3f} s of the SIGTERM)",
         file=out,
@@ -1398,7 +1403,7 @@ def prepare(
         f"cut short), {len(in_run)} saves: median {save_s:.3f} s, range {min(in_run):.3f}-"
         f"{max(in_run):.3f} s; G = "
         + ", ".join(
-            f"{g.label} of the {'slowest' if g.factor >= 1 else 'quickest'} = "
+            f"{g.label} of the {basis_name(g.factor)} = "
             f"{g.seconds(grace_basis(in_run, g.factor), scale.step_s):.3f} s"
             for g in args.grace
         ),
