@@ -4,45 +4,37 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 import os
 import stat
-import tempfile
 import threading
-import time
 from pathlib import Path
 from types import TracebackType
 
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits
-from flyte_checkpoint.background import BackgroundSaver
-from flyte_checkpoint.commit_order import CommitOrder, OrderedGate
 from flyte_checkpoint.context import ctx, current_attempt_number
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
     NoTaskCheckpointError,
     Preempted,
-    PreemptionDeadlineError,
     UnsupportedTypeError,
     add_context,
     describe_error,
 )
 from flyte_checkpoint.preemption import notice
-from flyte_checkpoint.preemption.budget import SaveBudget
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.resume import MAX_WALK_BACK, RestoredFrom, restore_newest
-from flyte_checkpoint.snapshot import Snapshot, take_snapshot
+from flyte_checkpoint.saving import Destination, SaveScheduler
 from flyte_checkpoint.storage import (
     Backend,
     StorageOptions,
     backend_for,
 )
-from flyte_checkpoint.storage.deadline import finish_by
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
-from flyte_checkpoint.transfer import load_object, save_object
+from flyte_checkpoint.transfer import load_object
 from flyte_checkpoint.uris import (
     attempt_uris,
     check_object_uri,
@@ -169,13 +161,9 @@ class Checkpoint(BaseCheckpoint):
         self._retry = retry or RetryPolicy()
         self._workspace = Workspace()
         self._load_lock = threading.Lock()
-        self._saver: BackgroundSaver | None = None
-        self._held_for: notice.PreemptionNotice | None = None
-        """The notice whose take-over held the background upload (once per notice)."""
         self._loaded = False
         self._restored: Path | None = None
-        self._budget = SaveBudget()
-        self._order = CommitOrder()
+        self._saves = SaveScheduler(Destination(dest, self._dest_backend, self._retry, compression_level))
 
     # -- locations --------------------------------------------------------------------------
 
@@ -221,11 +209,8 @@ class Checkpoint(BaseCheckpoint):
         """
         notice.take_over()
         current = notice.current_notice()
-        if current is not None and self._held_for is not current:
-            self._held_for = current
-            deadline = notice.save_deadline()
-            if self._saver is not None and deadline is not None:
-                self._saver.hold(max(0.0, deadline - time.monotonic()) / 2)
+        if current is not None:
+            self._saves.take_over(current)
         return current is not None
 
     def time_left(self) -> float | None:
@@ -247,8 +232,8 @@ class Checkpoint(BaseCheckpoint):
         current = notice.current_notice()
         if current is None:
             raise RuntimeError("no preemption notice was received; check checkpoint.preempted first")
-        unsettled = self._settle_background_saves()
-        saved = self._budget.committed_since(current.received_at)
+        unsettled = self._saves.settle()
+        saved = self._saves.budget.committed_since(current.received_at)
         if saved:
             detail = (
                 f"the checkpoint saved after the notice committed to {self._dest}; the next "
@@ -262,22 +247,6 @@ class Checkpoint(BaseCheckpoint):
                 "the newest earlier one, if any"
             )
         return notice.preempted_exit(current, detail=detail, saved=saved)
-
-    def _settle_background_saves(self) -> str | None:
-        """Wait for the background saves in flight, up to the save deadline; what kept them from
-        committing (their failure is reported here, so :meth:`close` does not raise it again)."""
-        if self._saver is None:
-            return None
-        try:
-            self._saver.wait(until=notice.save_deadline())
-        except PreemptionDeadlineError:
-            return (
-                f"the background save to {self._dest} in flight did not commit before the save "
-                "deadline (it goes on until the process ends)"
-            )
-        except Exception as error:
-            return f"the background save to {self._dest} in flight failed: {error}"
-        return None
 
     # -- load --------------------------------------------------------------------------------
 
@@ -404,26 +373,7 @@ class Checkpoint(BaseCheckpoint):
         self._workspace.ensure_open()
         content = _validated(data)
         self._refuse_destination_inside(content)
-        if background:
-            self._budget.check_fits(content, self._dest, older_in_flight=self._uploading())
-            with self._background_saver().paused():
-                snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
-            snapshot.progress = progress
-            snapshot.ticket = self._order.ticket()
-            self._background_saver().submit(snapshot)
-            return
-        # After a notice the final save overtakes the background one in flight instead of waiting.
-        overtaken = self._saver if notice.current_notice() is not None else None
-        if overtaken is None:
-            self.wait_sync()
-        try:
-            self._budget.check_fits(content, self._dest, older_in_flight=self._uploading())
-        except PreemptionDeadlineError:
-            if overtaken is not None:
-                overtaken.release_hold()  # the older upload is now the one left to commit
-            raise
-        with overtaken.superseding() if overtaken is not None else contextlib.nullcontext():
-            self._upload(Snapshot(content, progress=progress, ticket=self._order.ticket()))
+        self._saves.save(content, background=background, progress=progress)
 
     def _refuse_destination_inside(self, content: bytes | Path) -> None:
         """Refuse a directory whose local destination lies inside it: every save would pack the
@@ -456,57 +406,11 @@ class Checkpoint(BaseCheckpoint):
         After a preemption notice the wait ends at the save deadline (a margin before the
         expected SIGKILL) with :class:`PreemptionDeadlineError`; the upload goes on meanwhile.
         """
-        if self._saver is not None:
-            self._saver.wait(until=notice.save_deadline())
+        self._saves.wait()
 
     async def wait(self) -> None:
         """Async :meth:`wait_sync`."""
         await asyncio.to_thread(self.wait_sync)
-
-    def _uploading(self) -> bool:
-        """Whether a background save of this helper is queued or in flight."""
-        return self._saver is not None and self._saver.busy
-
-    def _background_saver(self) -> BackgroundSaver:
-        if self._saver is None:
-            self._saver = BackgroundSaver(self._upload, self._dest)
-        return self._saver
-
-    def _upload(self, snapshot: Snapshot) -> None:
-        with notice.save_in_flight(), finish_by(notice.save_ceiling()):
-            try:
-                with self._budget.measure(snapshot.data):
-                    self._save_snapshot(snapshot)
-            except Exception as error:
-                # Once a newer save committed, this one is not a failure, whatever it raised (its
-                # SupersededError, or its transfer bound passing while it was paused): the
-                # checkpoint holds a newer state than this save's.
-                if snapshot.ticket is None or not self._order.superseded(snapshot.ticket):
-                    raise
-                logger.info(
-                    "a newer save to %s committed first, so this older one was discarded: %s",
-                    self._dest,
-                    error,
-                )
-
-    def _save_snapshot(self, snapshot: Snapshot) -> None:
-        ticket = snapshot.ticket
-        gate = snapshot.gate
-        if ticket is not None and gate is not None:
-            gate = OrderedGate(gate, self._order, ticket, self._dest)
-        with snapshot.errors_for_the_caller():
-            save_object(
-                self._dest_backend,
-                self._dest,
-                snapshot.data,
-                retry=self._retry,
-                compression_level=self._level,
-                progress=snapshot.progress,
-                gate=gate,
-                check_unchanged=snapshot.verify_unchanged,
-                shown_as=snapshot.user_path,
-                commit_turn=None if ticket is None else lambda: self._order.turn(ticket, self._dest),
-            )
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ or write a payload), the empty-object rule and the retries all live here, once.
 line) and :mod:`flyte_checkpoint.state` use these functions, so how bytes move (a parallel
 transport, say) changes in :mod:`flyte_checkpoint.storage` only.
 
-Progress callbacks and a background save's pause gate are arguments here and to the backend,
+What a save needs beyond its destination travels in one frozen :class:`SaveRequest`; progress
+callbacks and a background save's pause gate are fields of it and arguments to the backend,
 never attributes set on a writer or reader afterwards.
 """
 
@@ -18,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar, cast
 
@@ -27,7 +28,7 @@ from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, InputChangedError, add_context
 from flyte_checkpoint.progress import ProgressCallback, log_transfer, reporter
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
-from flyte_checkpoint.storage.base import CONTENT_SIZE_KEY, COPY_CHUNK, WriteGate
+from flyte_checkpoint.storage.base import CONTENT_SIZE_KEY, COPY_CHUNK, CommitTurn, WriteGate
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.retry import RetryPolicy
 
@@ -44,6 +45,36 @@ DEFAULT_RETRY = RetryPolicy()
 # -- saving ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, kw_only=True)
+class SaveRequest:
+    """One object to save and how: built by the caller once, read by :func:`save` as it is.
+
+    ``progress(bytes_written, total)`` is told how far the upload got (``total`` is ``None``
+    for a directory); with ``gate`` every write first waits until it is set (a background
+    save's pause). ``check_unchanged`` runs after the last byte is written and before the
+    commit: raising there discards the upload and keeps the previous object. ``shown_as`` is
+    the path that logs and errors name instead of ``content`` (the caller's own path when
+    ``content`` is a private snapshot of it). ``commit_turn`` is entered just before the
+    store's atomic commit step and held across it (a helper's :meth:`CommitOrder.turn`):
+    raising there discards the upload as well.
+    """
+
+    content: bytes | Path
+    compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL
+    progress: ProgressCallback | None = None
+    gate: WriteGate | None = None
+    check_unchanged: Callable[[], None] | None = None
+    shown_as: Path | None = None
+    commit_turn: CommitTurn | None = None
+
+    def describe(self) -> str:
+        """``"bytes"``, or ``"file …"``/``"directory …"`` with the caller's path, for logs."""
+        if isinstance(self.content, bytes):
+            return "bytes"
+        kind = "directory" if self.content.is_dir() else "file"
+        return f"{kind} {self.shown_as or self.content}"
+
+
 def save_object(
     backend: Backend,
     uri: str,
@@ -52,58 +83,31 @@ def save_object(
     retry: RetryPolicy = DEFAULT_RETRY,
     compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL,
     progress: ProgressCallback | None = None,
-    gate: WriteGate | None = None,
-    check_unchanged: Callable[[], None] | None = None,
-    shown_as: Path | None = None,
-    commit_turn: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> ObjectInfo:
     """Store ``content`` as the one object at ``uri``, atomically, retrying transient failures.
 
     ``bytes`` become the object as they are, a file is uploaded as it is, a directory as one
-    ``.tar.gz`` of its immediate children, streamed. ``progress(bytes_written, total)`` is told
-    how far the upload got (``total`` is ``None`` for a directory); with ``gate`` every write
-    first waits until it is set. ``check_unchanged`` runs after the last byte is written and
-    before the commit: raising there discards the upload and keeps the previous object.
-    ``shown_as`` is the path that logs and errors name instead of ``content`` (the caller's own
-    path when ``content`` is a private snapshot of it). ``commit_turn`` is entered just before
-    the commit and held across it (a helper's :meth:`CommitOrder.turn`): raising there discards
-    the upload as well.
+    ``.tar.gz`` of its immediate children, streamed. See :class:`SaveRequest` for the rest.
     """
+    request = SaveRequest(content=content, compression_level=compression_level, progress=progress)
+    return save(backend, uri, request, retry=retry)
+
+
+def save(
+    backend: Backend, uri: str, request: SaveRequest, *, retry: RetryPolicy = DEFAULT_RETRY
+) -> ObjectInfo:
+    """Perform ``request`` at ``uri``: one atomic object, each whole attempt retried by ``retry``."""
     started = time.monotonic()
-    if isinstance(content, bytes):
-        what = "bytes"
-    else:
-        what = f"{'directory' if content.is_dir() else 'file'} {shown_as or content}"
-
-    def once() -> ObjectInfo:
-        return _save_once(
-            backend,
-            uri,
-            content,
-            compression_level,
-            progress,
-            gate,
-            check_unchanged,
-            shown_as or content,
-            commit_turn,
-        )
-
-    info = retry.call(once, describe=f"saving {uri}")
+    what = request.describe()
+    info = retry.call(lambda: _save_once(backend, uri, request), describe=f"saving {uri}")
     log_transfer("saved", uri, what, info.size, started)
     return info
 
 
-def _save_once(
-    backend: Backend,
-    uri: str,
-    content: bytes | Path,
-    level: int,
-    progress: ProgressCallback | None,
-    gate: WriteGate | None,
-    check_unchanged: Callable[[], None] | None,
-    shown_as: bytes | Path,
-    commit_turn: Callable[[], AbstractContextManager[None]] | None,
-) -> ObjectInfo:
+def _save_once(backend: Backend, uri: str, request: SaveRequest) -> ObjectInfo:
+    content, progress, gate = request.content, request.progress, request.gate
+    check_unchanged, commit_turn = request.check_unchanged, request.commit_turn
+    shown_as = request.shown_as or content
     if isinstance(content, bytes):
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, content, progress=progress, gate=gate)
         return _committed(writer, lambda: writer.write(content), check_unchanged, commit_turn)
@@ -115,7 +119,7 @@ def _save_once(
         unpacked = archive.content_size(content)
         metadata = {FORMAT_KEY: "archive", CONTENT_SIZE_KEY: str(unpacked)}
         writer = backend.open_write(uri, metadata, progress=told, gate=gate)
-        directory = content
+        directory, level = content, request.compression_level
 
         def pack() -> None:
             archive.pack_directory(directory, cast(IO[bytes], writer), level=level)
@@ -157,21 +161,18 @@ def _committed(
     writer: ObjectWriter,
     fill: Callable[[], object],
     check_unchanged: Callable[[], None] | None,
-    commit_turn: Callable[[], AbstractContextManager[None]] | None,
+    commit_turn: CommitTurn | None,
 ) -> ObjectInfo:
-    """Fill ``writer``, check the input, take the commit turn, commit; on any failure before the
+    """Fill ``writer``, check the input, commit in ``commit_turn``; on any failure before the
     commit (interrupts too) abort instead."""
-    with ExitStack() as turn:
-        try:
-            fill()
-            if check_unchanged is not None:
-                check_unchanged()
-            if commit_turn is not None:
-                turn.enter_context(commit_turn())
-        except BaseException:
-            writer.abort()
-            raise
-        return writer.commit()
+    try:
+        fill()
+        if check_unchanged is not None:
+            check_unchanged()
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit(turn=commit_turn)
 
 
 # -- loading ---------------------------------------------------------------------------------

@@ -13,10 +13,11 @@ import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointStorageError, InputChangedError, ctx, run_with_retries
 from flyte_checkpoint import archive as archive_module
-from flyte_checkpoint.background import BackgroundSaver
-from flyte_checkpoint.snapshot import Snapshot
+from flyte_checkpoint.saving.background import BackgroundSaver
+from flyte_checkpoint.saving.job import SaveJob
+from flyte_checkpoint.saving.snapshot import Snapshot
 from flyte_checkpoint.storage import backend_for
-from flyte_checkpoint.storage.base import Backend
+from flyte_checkpoint.storage.base import Backend, WriteGate
 from tests.conftest import tree_of
 
 
@@ -114,8 +115,7 @@ def test_a_newer_background_save_supersedes_the_queued_one(
     gate.set()
     cp.wait_sync()
     assert target.read_bytes() == b"step 4"
-    assert cp._saver is not None
-    assert cp._saver.superseded == 3
+    assert cp._saves.superseded == 3
     assert len(started) == 2
 
 
@@ -187,8 +187,8 @@ def test_an_upload_in_flight_holds_its_writes_while_the_caller_takes_the_next_sn
     target = str(tmp_path / "obj")
     writing, wrote = threading.Event(), threading.Event()
 
-    def upload(snapshot: Snapshot) -> None:
-        writer = backend_for(target).open_write(target, {}, gate=snapshot.gate)
+    def upload(job: SaveJob, gate: WriteGate) -> None:
+        writer = backend_for(target).open_write(target, {}, gate=gate)
         writing.set()
         writer.write(b"data")
         wrote.set()
@@ -196,7 +196,7 @@ def test_an_upload_in_flight_holds_its_writes_while_the_caller_takes_the_next_sn
 
     saver = BackgroundSaver(upload, target)
     with saver.paused():
-        saver.submit(Snapshot(b"data"))
+        saver.submit(SaveJob(Snapshot(b"data"), ticket=1))
         assert writing.wait(5)
         assert not wrote.wait(0.3), "the write should wait for the snapshot to be taken"
     assert wrote.wait(5)

@@ -46,6 +46,11 @@ class WriteGate(Protocol):
     def is_set(self) -> bool: ...
 
 
+CommitTurn = Callable[[], AbstractContextManager[None]]
+"""Entered just before a writer's atomic commit step and held across it (see
+:meth:`ObjectWriter.commit`); raising on entry refuses the commit."""
+
+
 class ReadsInto(Protocol):
     """A binary stream that can fill a caller's buffer (files, :class:`VerifyingReader`)."""
 
@@ -185,8 +190,17 @@ class ObjectWriter(abc.ABC):
     def tell(self) -> int:
         return self._size
 
-    def commit(self) -> ObjectInfo:
-        """Make the object visible at its destination, atomically, with its digest recorded."""
+    def commit(self, *, turn: CommitTurn | None = None) -> ObjectInfo:
+        """Make the object visible at its destination, atomically, with its digest recorded.
+
+        The commit runs in two steps. :meth:`_prepare` finishes everything that can wait on a
+        background save's pause gate (the last parts of an upload, a local file's flush and
+        fsync); only then is ``turn()`` entered (a helper's commit order: it may raise to
+        refuse the commit, which then aborts) and held across :meth:`_commit`, the one atomic
+        step (completing the upload, the rename), which never waits on the gate. A turn held
+        while parts waited on a gate that its holder's rival had closed was the preemption
+        deadlock: each waited for the other.
+        """
         if self._finished:
             raise RuntimeError(f"write to {self.uri} already finished")
         try:
@@ -205,7 +219,9 @@ class ObjectWriter(abc.ABC):
                 "previous checkpoint kept; do not rewrite a file while it is being saved"
             )
         try:
-            self._commit()
+            self._prepare()
+            with turn() if turn is not None else contextlib.nullcontext():
+                self._commit()
         except BaseException:
             self._abort()
             raise
@@ -237,8 +253,12 @@ class ObjectWriter(abc.ABC):
     @abc.abstractmethod
     def _write(self, data: bytes | bytearray | memoryview) -> None: ...
 
+    def _prepare(self) -> None:  # noqa: B027 - most of a commit is the atomic step for some stores
+        """Finish what the commit needs before its atomic step; may wait on the write gate."""
+
     @abc.abstractmethod
-    def _commit(self) -> None: ...
+    def _commit(self) -> None:
+        """The atomic step that makes the object visible; never waits on the write gate."""
 
     @abc.abstractmethod
     def _abort(self) -> None: ...

@@ -193,7 +193,7 @@ class LocalWriter(ObjectWriter):
             self._file.seek(dest_start + digested)
         return digested
 
-    def _commit(self) -> None:
+    def _prepare(self) -> None:
         with translated_os_errors(self.uri, "saving"):
             self._file.flush()
             self._file.close()
@@ -201,6 +201,10 @@ class LocalWriter(ObjectWriter):
             _set_metadata(self._fd, {**self.metadata, STAMP_KEY: stamp})
             if self._fsync:
                 os.fsync(self._fd)
+
+    def _commit(self) -> None:
+        # The atomic step: one rename in the destination's own directory (see the class docstring).
+        with translated_os_errors(self.uri, "saving"):
             retired = retire(self._dest)
             try:
                 # Still holding the lock, so no sweep can remove the temp file before the rename.

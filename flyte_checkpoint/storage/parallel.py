@@ -651,16 +651,24 @@ class ParallelWriter(ObjectWriter):
         future = self._deadline.submit(self._send_part(number, body))
         self._in_flight[future] = (number, buffer, len(body))
 
+    def _prepare(self) -> None:
+        """Send the last part and wait for every part: the waits on the pause gate are here."""
+        if self._next_part == 1:
+            return  # smaller than a part: the one PUT of the commit
+        with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
+            if self._filled:
+                self._send_current()
+            self._wait_for_room(1)
+
     def _commit(self) -> None:
+        # The atomic step: one PUT, or the request that completes the multipart upload (the
+        # store shows the object only once it is complete); neither waits on the pause gate.
         with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
             if self._next_part == 1:
                 body = memoryview(self._current or b"")[: self._filled]
                 self._deadline.result(self._deadline.submit(self._put(body)))
                 self._release()
                 return
-            if self._filled:
-                self._send_current()
-            self._wait_for_room(1)
             receipts = sorted(self._receipts.items())
             self._deadline.result(self._deadline.submit(self._complete(receipts)))
         self._release()

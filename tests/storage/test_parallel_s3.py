@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from fsspec.asyn import sync
 
+from flyte_checkpoint import transfer
 from flyte_checkpoint.errors import (
     CheckpointPermissionError,
     CheckpointTimeoutError,
@@ -45,7 +46,6 @@ from flyte_checkpoint.storage.parallel import (
 )
 from flyte_checkpoint.storage.s3 import S3Backend
 from flyte_checkpoint.storage.s3_parallel import S3Object, open_s3_reader, open_s3_writer
-from flyte_checkpoint.transfer import save_object
 from tests.storage.parallel_faults import FaultyTarget, Wrapped
 from tests.storage_servers import StorageServer, create_bucket
 
@@ -736,5 +736,5 @@ def test_a_snapshot_cut_short_during_its_upload_is_named_with_the_file_it_was_ta
     monkeypatch.setattr(S3Object, "upload_part", cutting)
     backend = S3Backend({**bucket.server.storage_options, "part_size": PART})
     with pytest.raises(InputChangedError) as raised:
-        save_object(backend, bucket.uri("obj"), snapshot, shown_as=user_file)
+        transfer.save(backend, bucket.uri("obj"), transfer.SaveRequest(content=snapshot, shown_as=user_file))
     assert f"the snapshot of {user_file}" in describe_error(raised.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,14 +29,17 @@ class CommitOrder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._issued = 0
+        """Held across a store's commit step, and only there (see :meth:`turn`)."""
+        self._tickets = itertools.count(1)
         self._committed = 0
 
     def ticket(self) -> int:
-        """The next save's place in the order."""
-        with self._lock:
-            self._issued += 1
-            return self._issued
+        """The next save's place in the order.
+
+        Never waits for :meth:`turn`'s lock: a save asks for its ticket while another may be
+        committing (``next`` on a count is atomic under the GIL).
+        """
+        return next(self._tickets)
 
     def superseded(self, ticket: int) -> bool:
         """Whether a save asked for after ``ticket`` has committed."""
@@ -50,8 +54,10 @@ class CommitOrder:
     def turn(self, ticket: int, uri: str) -> Iterator[None]:
         """Hold the commit of save ``ticket``: refused if a newer one committed, recorded if it commits.
 
-        The lock is held across the store's commit call, so a check and the commit it allows can
-        never be split by another save's commit.
+        The lock is held across the store's atomic commit step, so a check and the commit it
+        allows can never be split by another save's commit. That step never waits on a pause
+        gate (:meth:`~flyte_checkpoint.storage.base.ObjectWriter.commit`), so no save holding
+        the lock can wait for one that is waiting for it.
         """
         with self._lock:
             self.check(ticket, uri)

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 
 from flyte_checkpoint.errors import PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
-from flyte_checkpoint.snapshot import Snapshot
+from flyte_checkpoint.saving.job import SaveJob
+from flyte_checkpoint.storage.base import WriteGate
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -22,7 +23,7 @@ _live_lock = threading.Lock()
 
 
 class BackgroundSaver:
-    """Runs uploads of snapshots in a worker thread: one in flight, at most one queued.
+    """Runs save jobs in a worker thread: one in flight, at most one queued.
 
     The newest state wins. A request arriving while another is queued (not yet started)
     *supersedes* it: the queued snapshot is dropped, because a newer state of the same checkpoint
@@ -36,12 +37,13 @@ class BackgroundSaver:
     :func:`finish_at_exit`) before anything it needs is shut down, on every store.
     """
 
-    def __init__(self, upload: Callable[[Snapshot], None], name: str) -> None:
+    def __init__(self, upload: Callable[[SaveJob, WriteGate], None], name: str) -> None:
+        """``upload(job, gate)`` performs one save; every write waits for ``gate`` (the pause)."""
         self._upload = upload
         self._name = name
         self._condition = threading.Condition()
         self._submitted = 0  # sequence number of the newest submitted snapshot
-        self._queued: tuple[int, Snapshot] | None = None
+        self._queued: tuple[int, SaveJob] | None = None
         self._busy = False
         self._error: tuple[int, BaseException] | None = None
         self._pausers = 0
@@ -127,21 +129,20 @@ class BackgroundSaver:
                 self._log_overtaken(self._error[1], "succeeded")
                 self._error = None
 
-    def submit(self, snapshot: Snapshot) -> None:
-        """Queue ``snapshot`` for upload, replacing a queued one.
+    def submit(self, job: SaveJob) -> None:
+        """Queue ``job`` for upload, replacing a queued one.
 
-        Raises the failure of the newest earlier save first (and drops ``snapshot``); the
+        Raises the failure of the newest earlier save first (and drops ``job``); the
         failure of a save that a newer one superseded waits for that newer one's outcome.
         """
         self.release_hold()
         with self._condition:
             if self._error is not None and self._error[0] == self._submitted:
-                snapshot.discard()
+                job.discard()
                 self._raise_pending_error()
             self._drop_queued()
-            snapshot.gate = self._may_upload
             self._submitted += 1
-            self._queued = (self._submitted, snapshot)
+            self._queued = (self._submitted, job)
             if not self._busy:
                 self._busy = True
                 with _live_lock:
@@ -191,9 +192,9 @@ class BackgroundSaver:
                         _live.discard(self)
                     self._condition.notify_all()
                     return
-                (sequence, snapshot), self._queued = self._queued, None
+                (sequence, job), self._queued = self._queued, None
             try:
-                self._upload(snapshot)
+                self._upload(job, self._may_upload)
             except BaseException as error:  # kept for the caller; a thread has nobody to raise to
                 if hasattr(error, "add_note"):
                     error.add_note(f"flyte_checkpoint: raised by a background save of {self._name}")
@@ -203,7 +204,7 @@ class BackgroundSaver:
                 with self._condition:
                     self._forget_older_failure(sequence)
             finally:
-                snapshot.discard()
+                job.discard()
 
     def _record_failure(self, sequence: int, error: BaseException) -> None:
         if self._error is not None:

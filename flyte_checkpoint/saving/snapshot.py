@@ -47,8 +47,6 @@ from flyte_checkpoint.lockfiles import (
     remove_owned_tree,
     sweep_abandoned,
 )
-from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.storage.base import WriteGate
 from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
 
 _Stamp = tuple[int, int]
@@ -57,18 +55,17 @@ _FileId = tuple[int, int]
 
 @dataclass
 class Snapshot:
-    """A frozen view of what a save will upload: bytes, or a path private to this save."""
+    """A frozen view of what a save will upload: bytes, or a path private to this save.
+
+    It owns that private path (removed by :meth:`discard`); what the save does with it (its
+    progress, its place in the commit order) is the :class:`~flyte_checkpoint.saving.job.SaveJob`'s.
+    """
 
     data: bytes | Path
     owned_root: Path | None = None
     source: Path | None = None
     """The caller's path that ``data`` is a snapshot of; ``None`` when ``data`` is that path."""
     stamps: dict[str, _Stamp] = field(default_factory=dict)
-    progress: ProgressCallback | None = None
-    gate: WriteGate | None = None
-    """Set while the upload may write; cleared while the caller takes the next snapshot."""
-    ticket: int | None = None
-    """This save's place in its helper's call order (see :mod:`flyte_checkpoint.commit_order`)."""
     lock_fd: int | None = None
 
     @property

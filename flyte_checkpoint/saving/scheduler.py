@@ -1,0 +1,171 @@
+"""The saves of one helper to its destination: blocking or in the background, in call order,
+within the time a preemption notice leaves.
+
+The one owner of a helper's :class:`~.background.BackgroundSaver`, its
+:class:`~.order.CommitOrder` and its :class:`~.budget.SaveBudget`. Every save goes through
+:meth:`SaveScheduler.save` as a :class:`~.job.SaveJob` built once, and reaches the store
+through :func:`flyte_checkpoint.transfer.save` alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flyte_checkpoint import archive
+from flyte_checkpoint.errors import PreemptionDeadlineError
+from flyte_checkpoint.preemption import notice
+from flyte_checkpoint.progress import ProgressCallback
+from flyte_checkpoint.saving.background import BackgroundSaver
+from flyte_checkpoint.saving.budget import SaveBudget
+from flyte_checkpoint.saving.job import SaveJob
+from flyte_checkpoint.saving.order import CommitOrder, OrderedGate
+from flyte_checkpoint.saving.snapshot import Snapshot, take_snapshot
+from flyte_checkpoint.storage import Backend
+from flyte_checkpoint.storage.base import WriteGate
+from flyte_checkpoint.storage.deadline import finish_by
+from flyte_checkpoint.storage.retry import RetryPolicy
+from flyte_checkpoint.transfer import SaveRequest, save
+
+logger = logging.getLogger("flyte_checkpoint")
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where and how a helper's saves are stored."""
+
+    uri: str
+    backend: Backend
+    retry: RetryPolicy
+    compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL
+
+
+class SaveScheduler:
+    """Runs the saves of one helper; see :meth:`Checkpoint.save_sync` for what a caller sees.
+
+    Before a notice, a blocking save first waits for the background ones, so saves land in
+    call order. After a notice the blocking (final) save does not wait: the background upload
+    in flight is paused while the final one uses the time left, and the commit order keeps the
+    older one from ever committing over it.
+    """
+
+    def __init__(self, destination: Destination) -> None:
+        self._destination = destination
+        self._order = CommitOrder()
+        self._budget = SaveBudget()
+        self._saver: BackgroundSaver | None = None
+        self._held_for: notice.PreemptionNotice | None = None
+
+    @property
+    def budget(self) -> SaveBudget:
+        """The durations of this helper's saves, that saves after a notice are judged by."""
+        return self._budget
+
+    @property
+    def superseded(self) -> int:
+        """How many queued background saves a newer one replaced before they started."""
+        return 0 if self._saver is None else self._saver.superseded
+
+    def save(self, content: bytes | Path, *, background: bool, progress: ProgressCallback | None) -> None:
+        """Save ``content`` (validated by the caller), now or in the background."""
+        uri = self._destination.uri
+        if background:
+            self._budget.check_fits(content, uri, older_in_flight=self._uploading())
+            saver = self._background_saver()
+            ticket = self._order.ticket()
+            with saver.paused():
+                snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
+            saver.submit(SaveJob(snapshot, ticket, progress))
+            return
+        # After a notice the final save overtakes the background one in flight instead of waiting.
+        overtaken = self._saver if notice.current_notice() is not None else None
+        if overtaken is None:
+            self.wait()
+        try:
+            self._budget.check_fits(content, uri, older_in_flight=self._uploading())
+        except PreemptionDeadlineError:
+            if overtaken is not None:
+                overtaken.release_hold()  # the older upload is now the one left to commit
+            raise
+        job = SaveJob(Snapshot(content), self._order.ticket(), progress)
+        with overtaken.superseding() if overtaken is not None else contextlib.nullcontext():
+            self._upload(job, None)
+
+    def take_over(self, current: notice.PreemptionNotice) -> None:
+        """The task took ``current`` over: hold the background upload in flight for its final save.
+
+        Once per notice, for up to half the time left before the save deadline (see
+        :meth:`BackgroundSaver.hold` for why and what ends the hold).
+        """
+        if self._held_for is current:
+            return
+        self._held_for = current
+        deadline = notice.save_deadline()
+        if self._saver is not None and deadline is not None:
+            self._saver.hold(max(0.0, deadline - time.monotonic()) / 2)
+
+    def wait(self) -> None:
+        """Block until background saves are done; raise the failure of the newest that failed.
+
+        After a notice the wait ends at the save deadline with :class:`PreemptionDeadlineError`.
+        """
+        if self._saver is not None:
+            self._saver.wait(until=notice.save_deadline())
+
+    def settle(self) -> str | None:
+        """Wait for the background saves in flight, up to the save deadline; what kept them from
+        committing (their failure is reported here, so a later wait does not raise it again)."""
+        if self._saver is None:
+            return None
+        uri = self._destination.uri
+        try:
+            self._saver.wait(until=notice.save_deadline())
+        except PreemptionDeadlineError:
+            return (
+                f"the background save to {uri} in flight did not commit before the save "
+                "deadline (it goes on until the process ends)"
+            )
+        except Exception as error:
+            return f"the background save to {uri} in flight failed: {error}"
+        return None
+
+    def _uploading(self) -> bool:
+        """Whether a background save of this helper is queued or in flight."""
+        return self._saver is not None and self._saver.busy
+
+    def _background_saver(self) -> BackgroundSaver:
+        if self._saver is None:
+            self._saver = BackgroundSaver(self._upload, self._destination.uri)
+        return self._saver
+
+    def _upload(self, job: SaveJob, pause: WriteGate | None) -> None:
+        destination, order, ticket = self._destination, self._order, job.ticket
+        snapshot = job.snapshot
+        request = SaveRequest(
+            content=job.content,
+            compression_level=destination.compression_level,
+            progress=job.progress,
+            gate=None if pause is None else OrderedGate(pause, order, ticket, destination.uri),
+            check_unchanged=snapshot.verify_unchanged,
+            shown_as=snapshot.user_path,
+            commit_turn=lambda: order.turn(ticket, destination.uri),
+        )
+        with notice.save_in_flight(), finish_by(notice.save_ceiling()):
+            try:
+                with self._budget.measure(job.content), snapshot.errors_for_the_caller():
+                    save(destination.backend, destination.uri, request, retry=destination.retry)
+            except Exception as error:
+                # Once a newer save committed, this one is not a failure, whatever it raised (its
+                # SupersededError, or its transfer bound passing while it was paused): the
+                # checkpoint holds a newer state than this save's.
+                if not order.superseded(ticket):
+                    raise
+                logger.info(
+                    "a newer save to %s committed first, so this older one was discarded: %s",
+                    destination.uri,
+                    error,
+                )

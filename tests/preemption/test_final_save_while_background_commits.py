@@ -1,0 +1,60 @@
+"""The final save after a notice never deadlocks with a background save that is committing.
+
+The outside kubelet harness's deadlock on S3: a background save had written its last byte and
+taken its commit turn while its last parts still waited to start; the final save at the notice
+paused those parts and then waited for the turn. Each waited for the other until the SIGKILL.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyte_checkpoint import Checkpoint
+from flyte_checkpoint.preemption import notice
+from tests.fault_proxy import FaultProxy, stall
+from tests.storage_servers import StorageServer, create_bucket
+
+MiB = 1024 * 1024
+STATE = bytes(range(256)) * (20 * MiB // 256)  # three 8 MiB parts: a multipart upload
+
+
+@pytest.fixture
+def s3_proxy(s3_server: StorageServer) -> Iterator[FaultProxy]:
+    with FaultProxy(upstream=("127.0.0.1", s3_server.port)) as running:
+        yield running
+
+
+def stored(uri: str, options: dict[str, Any], tmp_path: Path) -> bytes:
+    with Checkpoint(tmp_path / "reader", uri, storage_options=options) as reader:
+        restored = reader.load_sync()
+        assert restored is not None
+        return restored.read_bytes()
+
+
+def test_the_final_save_commits_while_a_background_save_waits_on_its_last_parts_on_s3(
+    tmp_path: Path, s3_server: StorageServer, s3_proxy: FaultProxy
+) -> None:
+    uri = f"s3://{create_bucket(s3_server)}/ckpt"
+    options = {**s3_server.storage_options, "endpoint_url": s3_proxy.url}
+    # The upload's creation answers late, so every part of the background save is still waiting
+    # to start when its writer has taken the last byte and goes on to commit.
+    s3_proxy.add_fault(stall(1.5, forward=True), method="POST", path_contains="uploads")
+    helper = Checkpoint(uri, storage_options=options)
+    helper.save_sync(STATE, background=True)
+    while not any("uploads" in record.path for record in s3_proxy.requests):
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.3)  # the writer is past its last write, committing
+    notice.notify_signal(signal.SIGTERM, 20.0)
+    final = threading.Thread(target=helper.save_sync, args=(b"final state",), daemon=True)
+    final.start()
+    final.join(10)
+    assert not final.is_alive(), "the final save deadlocked with the background save committing"
+    notice.clear()
+    helper.close()
+    assert stored(uri, s3_server.storage_options, tmp_path) == b"final state"
