@@ -10,9 +10,8 @@ from flyte_checkpoint.checkpoint import (
     BaseCheckpoint,
     Checkpoint,
     SaveData,
-    current_checkpoint,
 )
-from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, task_context
+from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, current_checkpoint, task_context
 from flyte_checkpoint.errors import (
     ArchiveLimitError,
     BackendNotInstalledError,

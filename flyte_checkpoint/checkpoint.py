@@ -11,13 +11,12 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from flyte_checkpoint import archive
+from flyte_checkpoint import archive, running
 from flyte_checkpoint.archive import ExtractionLimits
-from flyte_checkpoint.context import ctx, current_attempt_number
+from flyte_checkpoint.environment import attempt_number_from_env
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
     InvalidCheckpointInputError,
-    NoTaskCheckpointError,
     Preempted,
     UnsupportedTypeError,
     add_context,
@@ -107,9 +106,10 @@ class Checkpoint(BaseCheckpoint):
         extraction_limits: caps on what a directory archive may unpack to.
         repair_prev_uri: apply :func:`repair_prev_checkpoint_uri` to remote sources.
         run_name: the run's name, used by that repair and by the walk back to earlier attempts
-            (see :meth:`load_sync`); defaults to the current :class:`TaskContext`'s.
-        action_name: the action's name, used likewise; defaults to the current
-            :class:`TaskContext`'s.
+            (see :meth:`load_sync`); defaults to the running task's (:func:`ctx`).
+        action_name: the action's name, used likewise; defaults to the running task's.
+        attempt_number: this attempt's 0-based number, used by that repair; defaults to the
+            running task's, else ``FLYTE_ATTEMPT_NUMBER`` (0 when unset).
         retry: how transient storage failures are retried (whole save or load, bounded).
     """
 
@@ -124,6 +124,7 @@ class Checkpoint(BaseCheckpoint):
         repair_prev_uri: bool = True,
         run_name: str | None = None,
         action_name: str | None = None,
+        attempt_number: int | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
         if not isinstance(checkpoint_dest, str | os.PathLike):
@@ -141,10 +142,16 @@ class Checkpoint(BaseCheckpoint):
             )
         src = clean_uri(os.fspath(checkpoint_src) if checkpoint_src is not None else None)
         if src is not None and not is_local(src):
-            run_name, action_name = _names_from_context(run_name, action_name)
+            running_now = running.running_attempt()
+            if running_now is not None:
+                run_name = run_name or running_now.run_name
+                action_name = action_name or running_now.action_name
             if repair_prev_uri:
+                attempt = attempt_number
+                if attempt is None:
+                    attempt = running_now.attempt_number if running_now else attempt_number_from_env()
                 src = repair_prev_checkpoint_uri(
-                    src, run_name=run_name, action_name=action_name, attempt_number=current_attempt_number()
+                    src, run_name=run_name, action_name=action_name, attempt_number=attempt
                 )
         for uri in (dest, src):
             if uri is not None:
@@ -510,37 +517,3 @@ def _validated(data: SaveData) -> bytes | Path:
             "or directory"
         )
     return path
-
-
-def current_checkpoint() -> Checkpoint:
-    """The running task's checkpoint helper, for typed code: never ``None``.
-
-    ``ctx().checkpoint`` is typed optional twice (no task; no checkpoint paths), which
-    ``mypy --strict`` makes every task check; this raises instead, saying how to run the task.
-
-    Raises:
-        NoTaskCheckpointError: outside a task, or in a task given no checkpoint location.
-    """
-    current = ctx()
-    if current is None:
-        raise NoTaskCheckpointError(
-            "no task is running, so there is no checkpoint: call this inside a task run by "
-            "run_with_retries, load_and_run_task or `flyte-checkpoint run`, a Flyte task (after "
-            "flyte_checkpoint.integrations.flyte.install()), or a `with task_context(...)` block"
-        )
-    helper = current.checkpoint
-    if helper is None:
-        raise NoTaskCheckpointError(
-            "the running task was given no checkpoint location (its TaskContext has no "
-            "checkpoint_paths.checkpoint_path); pass CheckpointPaths(checkpoint_path=...) to it"
-        )
-    return helper
-
-
-def _names_from_context(run_name: str | None, action_name: str | None) -> tuple[str | None, str | None]:
-    if run_name is not None and action_name is not None:
-        return run_name, action_name
-    current = ctx()
-    if current is None:
-        return run_name, action_name
-    return run_name or current.run_name, action_name or current.action_name

@@ -1,27 +1,21 @@
 """The task context: checkpoint locations for the running attempt, and how task code reaches them.
 
-A leaf module: it imports nothing of this package but its errors, so every other module (the
-checkpoint helper included) can ask :func:`ctx` for the running task. The helper class is imported
-only when :attr:`TaskContext.checkpoint` first builds one.
+It sits above the checkpoint helper: :attr:`TaskContext.checkpoint` builds the helper and hands
+it this attempt's number, run and action, so the helper never asks for the running task.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from flyte_checkpoint.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from flyte_checkpoint.checkpoint import Checkpoint
-
+from flyte_checkpoint import running
+from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY, Checkpoint
 from flyte_checkpoint.environment import (
     ATTEMPT_NUMBER_ENV,
     LOCAL_RANK_ENV,
@@ -33,6 +27,7 @@ from flyte_checkpoint.environment import (
     _int_from_env,
     attempt_number_from_env,
 )
+from flyte_checkpoint.errors import ConfigurationError, NoTaskCheckpointError
 
 __all__ = [
     "ATTEMPT_NUMBER_ENV",
@@ -42,6 +37,7 @@ __all__ = [
     "attempt_number_from_env",
     "ctx",
     "current_attempt_number",
+    "current_checkpoint",
     "register_context_provider",
     "task_context",
     "unregister_context_provider",
@@ -90,21 +86,18 @@ class TaskContext:
         paths = self.checkpoint_paths
         if paths is None or paths.checkpoint_path is None or not paths.checkpoint_path.strip():
             return None
-        # Imported here, not at the top: checkpoint.py asks this module for the running task.
-        from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY, Checkpoint
-
         cached = self.data.get(CHECKPOINT_CACHE_KEY)
         if isinstance(cached, Checkpoint):
             return cached
         prev = paths.prev_checkpoint_path
-        with task_context(self):  # the helper's URI repair reads this context's attempt number
-            helper = Checkpoint(
-                paths.checkpoint_path.strip(),
-                prev.strip() if prev is not None else None,
-                storage_options=self.storage_options,
-                run_name=self.run_name,
-                action_name=self.action_name,
-            )
+        helper = Checkpoint(
+            paths.checkpoint_path.strip(),
+            prev.strip() if prev is not None else None,
+            storage_options=self.storage_options,
+            run_name=self.run_name,
+            action_name=self.action_name,
+            attempt_number=self.attempt_number,
+        )
         # setdefault keeps one helper even when two threads race through the first access.
         winner = self.data.setdefault(CHECKPOINT_CACHE_KEY, helper)
         assert isinstance(winner, Checkpoint)
@@ -150,15 +143,8 @@ class TaskContext:
         return port
 
 
-_current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
-    "flyte_checkpoint_task_context", default=None
-)
-
 ContextProvider = Callable[[], "TaskContext | None"]
 """A function :func:`ctx` asks for the running task when no :func:`task_context` block is active."""
-
-_providers_lock = threading.Lock()
-_providers: tuple[ContextProvider, ...] = ()
 
 
 def register_context_provider(provider: ContextProvider) -> None:
@@ -171,17 +157,12 @@ def register_context_provider(provider: ContextProvider) -> None:
     are asked first; the first non-``None`` answer wins. Registering the same provider twice keeps
     one entry.
     """
-    global _providers
-    with _providers_lock:
-        if provider not in _providers:
-            _providers = (provider, *_providers)
+    running.add_provider(provider)
 
 
 def unregister_context_provider(provider: ContextProvider) -> None:
     """Stop asking ``provider``; a provider that is not registered is ignored."""
-    global _providers
-    with _providers_lock:
-        _providers = tuple(p for p in _providers if p != provider)
+    running.remove_provider(provider)
 
 
 def ctx() -> TaskContext | None:
@@ -190,14 +171,8 @@ def ctx() -> TaskContext | None:
     The innermost :func:`task_context` block wins; without one, the registered context providers
     are asked (see :func:`register_context_provider`).
     """
-    own = _current.get()
-    if own is not None:
-        return own
-    for provider in _providers:  # a tuple replaced whole on change: safe to iterate unlocked
-        found = provider()
-        if found is not None:
-            return found
-    return None
+    found = running.running_attempt()
+    return found if isinstance(found, TaskContext) else None
 
 
 def current_attempt_number() -> int:
@@ -209,8 +184,30 @@ def current_attempt_number() -> int:
 @contextlib.contextmanager
 def task_context(context: TaskContext) -> Iterator[TaskContext]:
     """Make ``context`` the current task context for the block (per thread and asyncio task)."""
-    token = _current.set(context)
-    try:
+    with running.entered(context):
         yield context
-    finally:
-        _current.reset(token)
+
+
+def current_checkpoint() -> Checkpoint:
+    """The running task's checkpoint helper, for typed code: never ``None``.
+
+    ``ctx().checkpoint`` is typed optional twice (no task; no checkpoint paths), which
+    ``mypy --strict`` makes every task check; this raises instead, saying how to run the task.
+
+    Raises:
+        NoTaskCheckpointError: outside a task, or in a task given no checkpoint location.
+    """
+    current = ctx()
+    if current is None:
+        raise NoTaskCheckpointError(
+            "no task is running, so there is no checkpoint: call this inside a task run by "
+            "run_with_retries, load_and_run_task or `flyte-checkpoint run`, a Flyte task (after "
+            "flyte_checkpoint.integrations.flyte.install()), or a `with task_context(...)` block"
+        )
+    helper = current.checkpoint
+    if helper is None:
+        raise NoTaskCheckpointError(
+            "the running task was given no checkpoint location (its TaskContext has no "
+            "checkpoint_paths.checkpoint_path); pass CheckpointPaths(checkpoint_path=...) to it"
+        )
+    return helper

@@ -1,5 +1,5 @@
 """MkDocs hook: replaces the marker ``<!-- storage-options-table -->`` with the table of storage
-options each store accepts, generated from :func:`flyte_checkpoint.storage.remote_errors.option_origins`,
+options each store accepts, generated from :func:`flyte_checkpoint.storage.options.option_origins`,
 the list behind the "Accepted:" of the error for an unknown option. No list is copied by hand, so
 the page and the error message cannot disagree."""
 
@@ -13,8 +13,7 @@ STORES = (("s3", "S3"), ("gs", "GCS"), ("abfs", "Azure"))
 
 def options_table() -> str:
     """One Markdown table: an option a row, a store a column, and what reads each option."""
-    from flyte_checkpoint.storage.options import accepted_anywhere
-    from flyte_checkpoint.storage.remote_errors import option_origins
+    from flyte_checkpoint.storage.options import accepted_anywhere, option_origins
 
     origins = {scheme: option_origins(scheme) for scheme, _ in STORES}
     header = "| option | " + " | ".join(title for _, title in STORES) + " | local disk | read by |"

@@ -33,10 +33,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 from ray.actor import ActorHandle
@@ -47,6 +47,7 @@ from flyte_checkpoint.state.commit import NOTHING_COMMITTED, Stored, commit_part
 from flyte_checkpoint.state.components import (
     ComponentKind,
     Payload,
+    Serializer,
     capture,
     describe_exception,
     kind_of,
@@ -60,10 +61,30 @@ from flyte_checkpoint.state.pointer import with_committed
 from flyte_checkpoint.state.restore import NOTHING_RESTORED, Staged, Target, check_counts, stage
 from flyte_checkpoint.state.runtime import Deadline, LockLike, held
 
-if TYPE_CHECKING:
-    from flyte_checkpoint.state.checkpoint import StateCheckpoint
-
 logger = logging.getLogger("flyte_checkpoint")
+
+
+class ActorCheckpoint(Protocol):
+    """What saving and loading actors reads of the multi-part checkpoint they serve (a
+    :class:`~flyte_checkpoint.state.StateCheckpoint`): its settings, and its verification."""
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def storage_options(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def serializer(self) -> Serializer: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+    @property
+    def max_workers(self) -> int | None: ...
+
+    def verify(self, *, world_size: int | None = None, read_parts: bool = True) -> Manifest: ...
+
 
 NOTHING_SAVED = "nothing was saved; the previous checkpoint is unchanged"
 _CLEANUP_SECONDS = 5.0
@@ -99,7 +120,7 @@ def _members(controller: object | None, parts: Sequence[object]) -> list[_Member
 
 
 def save_actors(
-    checkpoint: StateCheckpoint,
+    checkpoint: ActorCheckpoint,
     *,
     controller: object | None,
     parts: Sequence[object],
@@ -155,7 +176,7 @@ def save_actors(
 
 
 def load_actors(
-    checkpoint: StateCheckpoint,
+    checkpoint: ActorCheckpoint,
     *,
     controller: object | None,
     parts: Sequence[object],
@@ -196,7 +217,7 @@ def load_actors(
 
 
 def _roll_back(
-    members: Sequence[_Member], checkpoint: StateCheckpoint, token: str, deadline: Deadline, exc: Exception
+    members: Sequence[_Member], checkpoint: ActorCheckpoint, token: str, deadline: Deadline, exc: Exception
 ) -> None:
     """Return every component that applied its part to its prior state; say so on ``exc``."""
     failed = getattr(exc, "position", None)
@@ -218,7 +239,7 @@ def _roll_back(
         add_context(exc, "every other component was rolled back to its state before the load")
 
 
-def _finish(members: Sequence[_Member], checkpoint: StateCheckpoint, token: str) -> None:
+def _finish(members: Sequence[_Member], checkpoint: ActorCheckpoint, token: str) -> None:
     """Let every component drop what it holds for this operation (best-effort, briefly bounded)."""
     _settle(_submit(members, _release_part, checkpoint, token), Deadline(_CLEANUP_SECONDS))
 
@@ -355,7 +376,7 @@ _held: dict[tuple[str, int | None], _Held] = {}
 _held_lock = threading.Lock()
 
 
-def _hold(token: str, position: int | None, component: object, checkpoint: StateCheckpoint) -> _Held:
+def _hold(token: str, position: int | None, component: object, checkpoint: ActorCheckpoint) -> _Held:
     """A fresh entry for this operation; entries of operations whose driver vanished expire."""
     kind = kind_of(component, label_of(position))
     now = time.monotonic()
@@ -380,7 +401,7 @@ def _entry(token: str, position: int | None) -> _Held:
     return entry
 
 
-def _capture_part(component: object, position: int | None, checkpoint: StateCheckpoint, token: str) -> None:
+def _capture_part(component: object, position: int | None, checkpoint: ActorCheckpoint, token: str) -> None:
     entry = _hold(token, position, component, checkpoint)
     name = CONTROLLER_NAME if position is None else part_name(position)
     try:
@@ -392,7 +413,7 @@ def _capture_part(component: object, position: int | None, checkpoint: StateChec
 
 
 def _store_part(
-    component: object, position: int | None, checkpoint: StateCheckpoint, token: str, version: str
+    component: object, position: int | None, checkpoint: ActorCheckpoint, token: str, version: str
 ) -> PartRecord:
     entry = _entry(token, position)
     assert entry.payload is not None
@@ -406,7 +427,7 @@ def _store_part(
 
 
 def _stage_part(
-    component: object, position: int | None, checkpoint: StateCheckpoint, token: str, version: str
+    component: object, position: int | None, checkpoint: ActorCheckpoint, token: str, version: str
 ) -> None:
     entry = _hold(token, position, component, checkpoint)
     layout = Layout.of(checkpoint.root, checkpoint.storage_options)
@@ -426,7 +447,7 @@ def _stage_part(
     entry.staged = with_committed(layout, version, fetch)[1]
 
 
-def _apply_part(component: object, position: int | None, checkpoint: StateCheckpoint, token: str) -> None:
+def _apply_part(component: object, position: int | None, checkpoint: ActorCheckpoint, token: str) -> None:
     entry = _entry(token, position)
     staged = entry.staged
     assert staged is not None
@@ -460,7 +481,7 @@ def _apply_part(component: object, position: int | None, checkpoint: StateCheckp
     entry.prior = prior
 
 
-def _roll_back_part(component: object, position: int | None, checkpoint: StateCheckpoint, token: str) -> None:
+def _roll_back_part(component: object, position: int | None, checkpoint: ActorCheckpoint, token: str) -> None:
     with _held_lock:
         entry = _held.get((token, position))
     if entry is None or entry.prior is None or entry.staged is None:
@@ -470,7 +491,7 @@ def _roll_back_part(component: object, position: int | None, checkpoint: StateCh
 
 
 def _restore_prior(
-    component: object, kind: ComponentKind, prior: Payload, checkpoint: StateCheckpoint
+    component: object, kind: ComponentKind, prior: Payload, checkpoint: ActorCheckpoint
 ) -> None:
     value = prior.data if kind == "file" else checkpoint.serializer.loads(_as_bytes(prior.data))
     restore(component, kind, value)
@@ -480,7 +501,7 @@ def _as_bytes(data: bytes | Path) -> bytes:
     return data if isinstance(data, bytes) else data.read_bytes()
 
 
-def _release_part(component: object, position: int | None, checkpoint: StateCheckpoint, token: str) -> None:
+def _release_part(component: object, position: int | None, checkpoint: ActorCheckpoint, token: str) -> None:
     with _held_lock:
         entry = _held.pop((token, position), None)
     if entry is not None:

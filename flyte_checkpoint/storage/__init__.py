@@ -30,21 +30,19 @@ from flyte_checkpoint.storage.base import (
     copy_stream,
 )
 from flyte_checkpoint.storage.local import LocalBackend
-from flyte_checkpoint.storage.options import accepted_anywhere, check_names, validation_error
+from flyte_checkpoint.storage.options import (
+    STORES,
+    TransferSettings,
+    accepted_anywhere,
+    check_names,
+    validation_error,
+)
 from flyte_checkpoint.uris import check_supported, is_local, scheme_of
 
 StorageOptions = Mapping[str, Any]
 """Options for a store's client and for this package's transfers (``storage_options=``): what each
 store accepts is listed in the documentation's storage options table, generated from
-:func:`~flyte_checkpoint.storage.remote_errors.option_origins`."""
-
-STORES = {
-    **dict.fromkeys(("s3", "s3a"), "flyte_checkpoint.storage.s3:S3Backend"),
-    **dict.fromkeys(("gs", "gcs"), "flyte_checkpoint.storage.gcs:GCSBackend"),
-    **dict.fromkeys(("abfs", "abfss", "az"), "flyte_checkpoint.storage.azure:AzureBackend"),
-}
-"""The backend class for each object-store URI scheme, one module per store, imported on first
-use so that a local-only program never imports fsspec."""
+:func:`~flyte_checkpoint.storage.options.option_origins`."""
 
 __all__ = [
     "COPY_CHUNK",
@@ -89,8 +87,6 @@ def check_local_options(options: StorageOptions) -> None:
     transfer settings: caught on the laptop, not first in production on S3."""
     if not options:
         return
-    from flyte_checkpoint.storage.parallel import TransferSettings
-
     check_names(options, accepted_anywhere(), "any store (local disk takes the options of every store)")
     try:
         TransferSettings.from_storage_options(options)

@@ -1,7 +1,7 @@
 """Object stores through fsspec (s3fs, gcsfs, adlfs): saves and loads in parallel parts.
 
 What all three stores share lives here: :class:`StoreProfile` (what differs between them, as
-data), the option merging, the transfer settings (:class:`~.parallel.TransferSettings`, read
+data), the option merging, the transfer settings (:class:`~.options.TransferSettings`, read
 from ``storage_options`` for every store before the client is built, so the client never sees
 them), the overall time bound of every operation (:mod:`.deadline`) and :class:`FsspecBackend`.
 A save is a :class:`~.parallel.ParallelWriter`, a load a :class:`~.parallel.ParallelReader`,
@@ -44,6 +44,7 @@ from flyte_checkpoint.storage.base import (
 )
 from flyte_checkpoint.storage.deadline import Deadline
 from flyte_checkpoint.storage.options import (
+    TransferSettings,
     accepted_anywhere,
     accepted_by,
     check_names,
@@ -54,7 +55,6 @@ from flyte_checkpoint.storage.parallel import (
     ParallelReader,
     ParallelWriter,
     RangeSource,
-    TransferSettings,
     UploadTarget,
 )
 from flyte_checkpoint.storage.remote_errors import confirm_absent, translated_backend_errors

@@ -35,8 +35,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from flyte_checkpoint.errors import CheckpointStorageError, CheckpointUnavailableError, InputChangedError
 from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import (
@@ -51,8 +49,9 @@ from flyte_checkpoint.storage.base import (
 from flyte_checkpoint.storage.deadline import Deadline, outside_deadlines
 from flyte_checkpoint.storage.digests import crc32
 from flyte_checkpoint.storage.kernel_copy import regular_file_descriptor
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.remote_errors import classify, translated_backend_errors
-from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
+from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.uris import scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -66,68 +65,6 @@ _GATE_POLL = 0.02
 _PART_GROWTH = 1024
 """An upload of unknown length makes each part at least 1/1024 of what was written before it, so
 an object of any size the store accepts fits in its part limit (S3: 5 TiB in 10,000 parts)."""
-
-
-class TransferSettings(BaseModel):
-    """How parallel a transfer is, and so how much memory it holds (:func:`transfer_memory`).
-
-    Read from ``storage_options`` by :meth:`from_storage_options`.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    max_concurrency: int = Field(default=8, ge=1, le=64)
-    """Upload parts or download ranges in flight at once (storage option ``max_concurrency``)."""
-    part_size: int = Field(default=8 * _MiB, ge=_MiB)
-    """Bytes per upload part and per download range (storage option ``part_size``). Uploads of
-    more than ``part_size`` times the store's part limit use larger parts, and fewer of them in flight."""
-    file_concurrency: int = Field(default=32, ge=1, le=256)
-    """Upload parts in flight at once when a regular file is saved (storage option
-    ``file_concurrency``). They are read from the file while they are sent and hold no buffer,
-    so more of them cost connections, not memory (one read chunk and the socket's buffers each)."""
-    part_attempts: int = Field(default=REQUEST_ATTEMPTS, ge=1)
-    """Tries of one part or range, the first included, for failures the store's client did not
-    retry itself: a response body cut off mid-way (resumed where it stopped) or an error raised
-    outside the client. A request the client already retried (:func:`mark_retried_by_client`)
-    is not tried again here, so the tries of one failing request stay ``REQUEST_ATTEMPTS`` per
-    transfer attempt (see :mod:`.retry`)."""
-    transfer_timeout: float | None = Field(default=None, gt=0)
-    """Seconds a whole save or load may take before it is abandoned (and an upload aborted)
-    with :class:`~flyte_checkpoint.errors.CheckpointTimeoutError` (storage option
-    ``transfer_timeout``); ``None``: the default bound of :mod:`.deadline` (120 s plus 1 s per
-    MiB moved)."""
-    stale_upload_age: float = Field(default=3600.0, ge=0)
-    """Incomplete uploads to the same destination older than this many seconds are aborted by
-    the next large save: they were left by a killed save (storage option ``stale_upload_age``)."""
-
-    OPTIONS: ClassVar[tuple[str, ...]] = (
-        "part_size",
-        "file_concurrency",
-        "part_attempts",
-        "transfer_timeout",
-        "stale_upload_age",
-    )
-    """Storage options that belong to this module alone (``max_concurrency`` is also s3fs's and
-    adlfs's name for the same thing, so it is read but left for them)."""
-
-    @classmethod
-    def from_storage_options(cls, options: Mapping[str, Any]) -> tuple[TransferSettings, dict[str, Any]]:
-        """The settings found in ``options``, and ``options`` without the keys only this module reads."""
-        rest = dict(options)
-        given = {key: rest.pop(key) for key in cls.OPTIONS if key in rest}
-        if "max_concurrency" in rest:
-            given["max_concurrency"] = rest["max_concurrency"]
-        return cls.model_validate(given), rest
-
-    def policy(self) -> RetryPolicy:
-        """The retries of one part or range request (see :mod:`.retry` for the whole budget)."""
-        return RetryPolicy(attempts=self.part_attempts)
-
-    def deadline(
-        self, uri: str, action: str, loop: asyncio.AbstractEventLoop | None, size: int | None = None
-    ) -> Deadline:
-        """The overall time bound of one save or load of ``size`` bytes (``None``: unknown yet)."""
-        return Deadline(uri, action, loop=loop, seconds=self.transfer_timeout, size=size)
 
 
 def transfer_memory(settings: TransferSettings) -> int:

@@ -9,8 +9,6 @@ chain, at this one boundary, the way httpx's ``map_exceptions`` does it for its 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import inspect
 import logging
 import re
 from collections.abc import Iterator
@@ -24,6 +22,7 @@ from flyte_checkpoint.errors import (
     ConfigurationError,
 )
 from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
+from flyte_checkpoint.storage.options import accepted_options, unknown_option
 from flyte_checkpoint.uris import container_and_key
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -197,50 +196,6 @@ def confirm_absent(fs: Any, uri: str, action: str, scheme: str) -> None:
 
 
 _UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
-_FSSPEC_OPTIONS = frozenset(
-    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"}
-)
-
-
-def accepted_options(scheme: str) -> list[str]:
-    """The storage options the store of ``scheme`` accepts: what its fsspec implementation names
-    in its constructors (up the class hierarchy while one passes ``**kwargs`` on, as gcsfs's
-    extended class does), fsspec's own, and this package's (transfer settings, ``fsync``)."""
-    return sorted(option_origins(scheme))
-
-
-def option_origins(scheme: str) -> dict[str, str]:
-    """Each storage option the store of ``scheme`` accepts, and what reads it: the implementing
-    class (``module.Class``), ``"fsspec"``, or ``"flyte_checkpoint"``. The one list behind both
-    :func:`accepted_options` (the "Accepted:" of an error) and the documentation's table."""
-    from flyte_checkpoint.storage import STORES
-    from flyte_checkpoint.storage.base import FSYNC_OPTION
-    from flyte_checkpoint.storage.parallel import TransferSettings
-
-    module_name, _, class_name = STORES[scheme].partition(":")
-    profile = getattr(importlib.import_module(module_name), class_name).profile
-    implementation_module, _, implementation_name = profile.implementation.partition(":")
-    implementation = getattr(importlib.import_module(implementation_module), implementation_name)
-    origins: dict[str, str] = {}
-    for cls in implementation.__mro__:
-        init = cls.__dict__.get("__init__")
-        if init is None:
-            continue
-        parameters = inspect.signature(init).parameters.values()
-        for p in parameters:
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
-                origins.setdefault(p.name, f"{cls.__module__.partition('.')[0]}.{cls.__qualname__}")
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    origins.update(dict.fromkeys(_FSSPEC_OPTIONS, "fsspec"))
-    client = f"{implementation.__module__.partition('.')[0]}.{implementation.__qualname__}"
-    given = {**profile.defaults, **profile.own_options}
-    origins.update({name: f"{client} (default here: {value!r})" for name, value in given.items()})
-    # Ours last: these are read (and some taken away) before the client sees the options.
-    origins.update(
-        dict.fromkeys({*TransferSettings.OPTIONS, "max_concurrency", FSYNC_OPTION}, "flyte_checkpoint")
-    )
-    return origins
 
 
 def unknown_option_error(exc: BaseException, scheme: str) -> ConfigurationError | None:
@@ -252,8 +207,6 @@ def unknown_option_error(exc: BaseException, scheme: str) -> ConfigurationError 
     match = _UNEXPECTED_KEYWORD.search(str(exc)) if isinstance(exc, TypeError) else None
     if match is None:
         return None
-    from flyte_checkpoint.storage.options import unknown_option
-
     try:
         accepted = accepted_options(scheme)
     except (ImportError, KeyError, ValueError, TypeError) as error:  # only the hint is lost

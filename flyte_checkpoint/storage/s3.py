@@ -1,7 +1,7 @@
 """S3 (and S3-compatible stores) through s3fs's client: parallel part uploads, ranged loads.
 
 Saves and loads move their bytes with :mod:`.parallel` on the S3 adapter of :mod:`.s3_parallel`
-(``max_concurrency`` parts or ranges in flight, see :class:`~.parallel.TransferSettings`); the
+(``max_concurrency`` parts or ranges in flight, see :class:`~.options.TransferSettings`); the
 rest (``info``, copy, listing, deletes) goes through s3fs.
 """
 
@@ -14,7 +14,7 @@ from fsspec.asyn import sync
 
 from flyte_checkpoint.storage.base import ObjectInfo
 from flyte_checkpoint.storage.fsspec_store import FsspecBackend, StoreProfile, merged_options
-from flyte_checkpoint.storage.parallel import TransferSettings
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS
 from flyte_checkpoint.storage.s3_parallel import S3Object, object_info, pool_options, s3_settings
 

@@ -26,13 +26,13 @@ from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import DIGEST_KEY, ObjectInfo, WriteGate
 from flyte_checkpoint.storage.deadline import Deadline
 from flyte_checkpoint.storage.fsspec_store import our_metadata
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
     ParallelReader,
     ParallelWriter,
     PartBody,
     RangeBody,
-    TransferSettings,
     mark_retried_by_client,
 )
 

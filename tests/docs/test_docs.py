@@ -310,7 +310,7 @@ def test_every_public_name_has_a_docstring_for_its_reference_entry() -> None:
 
 
 def test_the_storage_options_table_lists_what_the_error_accepts(site: Path) -> None:
-    from flyte_checkpoint.storage.remote_errors import accepted_options
+    from flyte_checkpoint.storage.options import accepted_options
 
     page = (site / "reference" / "storage-options" / "index.html").read_text()
     # The first cell of each row: the option's name.

@@ -24,6 +24,7 @@ import pytest
 import flyte_checkpoint
 import flyte_checkpoint.context
 import flyte_checkpoint.integrations.flyte as flyte_plugin
+import flyte_checkpoint.running
 from flyte_checkpoint import CheckpointPaths, ConfigurationError, TaskContext, task_context
 from flyte_checkpoint.storage import FORMAT_KEY
 from flyte_checkpoint.storage.local import XATTR_NAME, decode_record
@@ -216,11 +217,14 @@ def test_the_typed_accessor_is_none_outside_a_task() -> None:
 
 
 def test_install_replaces_nothing_in_the_context_module_but_registers_a_provider() -> None:
-    """The bridge is a registered provider: ctx()'s context variable is no longer swapped out."""
-    before = dict(vars(flyte_checkpoint.context))
+    """The bridge is a registered provider: ctx()'s context variable is no longer swapped out.
+
+    The registry and the context variable are kept in :mod:`flyte_checkpoint.running`, below the
+    context module (which only forwards to it)."""
+    before = dict(vars(flyte_checkpoint.running))
     flyte_plugin.install()
     try:
-        after = vars(flyte_checkpoint.context)
+        after = vars(flyte_checkpoint.running)
         changed = {name for name, value in after.items() if before.get(name) is not value}
     finally:
         flyte_plugin.uninstall()

@@ -23,7 +23,8 @@ from flyte_checkpoint import (
 )
 from flyte_checkpoint import archive as archive_module
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object, fsspec_store, parallel
-from flyte_checkpoint.storage.parallel import PartBody, TransferSettings
+from flyte_checkpoint.storage.options import TransferSettings
+from flyte_checkpoint.storage.parallel import PartBody
 from flyte_checkpoint.storage.s3_parallel import MAX_PARTS, S3Object
 from tests.conftest import tree_of
 from tests.storage.conftest import Remote

@@ -28,10 +28,10 @@ from flyte_checkpoint.storage.base import FORMAT_KEY, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.fsspec_store import FsspecBackend
 from flyte_checkpoint.storage.gcs import GCSBackend
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.parallel import (
     ObjectReplacedError,
     ParallelWriter,
-    TransferSettings,
     transfer_memory,
 )
 from tests.storage.conftest import Remote, remote_for

@@ -32,6 +32,7 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import DIGEST_KEY, FORMAT_KEY, ObjectInfo, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.parallel import (
     FilePartBody,
     MemoryPartBody,
@@ -40,7 +41,6 @@ from flyte_checkpoint.storage.parallel import (
     ParallelWriter,
     PartBody,
     RangeBody,
-    TransferSettings,
     mark_retried_by_client,
     transfer_memory,
 )
@@ -440,7 +440,7 @@ def test_a_nonsensical_setting_is_refused() -> None:
 _MEASURE = """
 import json, resource, sys
 from flyte_checkpoint.storage.base import VerifyingReader
-from flyte_checkpoint.storage.parallel import TransferSettings
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.s3 import S3Backend
 from flyte_checkpoint.storage.s3_parallel import open_s3_reader, open_s3_writer
 
