@@ -141,24 +141,23 @@ class Checkpoint(BaseCheckpoint):
                 f"compression_level must be 0 (store) to 9, got {compression_level}"
             )
         src = clean_uri(os.fspath(checkpoint_src) if checkpoint_src is not None else None)
-        if src is not None and not is_local(src):
-            running_now = running.running_attempt()
-            if running_now is not None:
-                run_name = run_name or running_now.run_name
-                action_name = action_name or running_now.action_name
-            if repair_prev_uri:
-                attempt = attempt_number
-                if attempt is None:
-                    attempt = running_now.attempt_number if running_now else attempt_number_from_env()
-                src = repair_prev_checkpoint_uri(
-                    src, run_name=run_name, action_name=action_name, attempt_number=attempt
-                )
+        running_now = running.running_attempt()
+        if running_now is not None:
+            run_name = run_name or running_now.run_name
+            action_name = action_name or running_now.action_name
+        if attempt_number is None:
+            attempt_number = running_now.attempt_number if running_now else attempt_number_from_env()
+        if src is not None and not is_local(src) and repair_prev_uri:
+            src = repair_prev_checkpoint_uri(
+                src, run_name=run_name, action_name=action_name, attempt_number=attempt_number
+            )
         for uri in (dest, src):
             if uri is not None:
                 check_object_uri(uri)
         self._dest = dest
         self._src = src
         self._attempt_names = (run_name, action_name)
+        self._attempt_number = attempt_number
         self._restored_from: RestoredFrom | None = None
         self._storage_options = storage_options
         self._dest_backend = backend_for(dest, storage_options)
@@ -275,11 +274,12 @@ class Checkpoint(BaseCheckpoint):
         cached result without fetching again. Errors are not cached: a failed load can be retried.
         ``progress(bytes_read, object_size)`` is called as the object streams in.
 
-        When the previous checkpoint is absent or empty and its remote URI lies under a
+        When the previous checkpoint is absent or empty and its URI lies under a
         per-attempt directory (``…/{run_name}/{action_name}/{n}/…``, names known), the load
         walks back: it restores the newest of up to 16 earlier attempts that saved
         (:mod:`flyte_checkpoint.resume`), skipping damaged ones with a WARNING, and
-        :attr:`restored_from` says which. Local sources, one path per run, never walk back.
+        :attr:`restored_from` says which; local paths and ``file://`` URIs in that layout walk
+        back too. An attempt after the first that finds nothing says so at WARNING.
 
         Raises:
             CheckpointCorruptError: the object is damaged (digest, gzip CRC, truncation) or an
@@ -344,6 +344,15 @@ class Checkpoint(BaseCheckpoint):
 
         restored = restore_newest(backend, candidates, load, retry=self._retry)
         if restored is None:
+            if self._attempt_number > 0:
+                # Loud: a retried attempt starting over is work lost, and `flyte-checkpoint run`
+                # shows warnings only.
+                logger.warning(
+                    "attempt %d found no checkpoint to resume from at %s%s; it starts from the beginning",
+                    self._attempt_number,
+                    src,
+                    f" nor at the {len(candidates) - 1} attempts before it" if len(candidates) > 1 else "",
+                )
             return None
         path, self._restored_from = restored
         return path

@@ -243,9 +243,10 @@ def attempt_uris(
     """``prev_uri`` and the same checkpoint of up to ``earlier`` attempts before it, newest first.
 
     Pure: no storage is asked and no context is read. The URIs of earlier attempts are derived
-    only for the remote schemes of :func:`repair_prev_checkpoint_uri`, with both names given,
-    and for the two per-attempt layouts it knows; otherwise the list holds ``prev_uri`` alone
-    (its attempt ``None`` when it has no attempt directory). The layouts:
+    for local paths, ``file://`` URIs and the remote schemes of
+    :func:`repair_prev_checkpoint_uri`, with both names given, and for the two per-attempt
+    layouts it knows; otherwise the list holds ``prev_uri`` alone (its attempt ``None`` when it
+    has no attempt directory). The layouts:
 
     * Flyte's (what ``--checkpoint-path`` and ``--prev-checkpoint`` of ``flyte/_bin/runtime.py``
       receive, templated by the backend from ``{{.checkpointOutputPrefix}}`` and
@@ -262,7 +263,8 @@ def attempt_uris(
     A URI whose attempt directory is followed by a Flyte shard and an id of another attempt
     (or an id Flyte shortened to a hash) cannot be walked back: the list holds it alone.
     """
-    if scheme_of(prev_uri) not in REPAIRABLE_SCHEMES or not run_name or not action_name:
+    walkable = scheme_of(prev_uri) in REPAIRABLE_SCHEMES or is_local(prev_uri)
+    if not walkable or not run_name or not action_name:
         return [AttemptURI(None, prev_uri)]
     located = _locate_attempt(prev_uri, run_name, action_name)
     if located is None:

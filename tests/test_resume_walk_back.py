@@ -116,16 +116,22 @@ def test_a_flyte_shard_followed_by_another_attempts_id_is_not_walked_back() -> N
     ("prev", "run_name"),
     [
         ("abfs://container/runs/run-1/train/3/ckpt", "run-1"),  # not a scheme the repair knows
-        ("/data/runs/run-1/train/3/ckpt", "run-1"),  # local: one path per run
         ("s3://b/runs/run-1/train/3/ckpt", None),  # names unknown
         ("s3://b/runs/other/train/3/ckpt", "run-1"),  # no per-attempt directory
     ],
 )
-def test_only_a_remote_per_attempt_uri_with_known_names_has_earlier_attempts(
+def test_only_a_per_attempt_uri_with_known_names_on_a_walkable_store_has_earlier_attempts(
     prev: str, run_name: str | None
 ) -> None:
     (only,) = attempt_uris(prev, run_name=run_name, action_name="train", earlier=MAX_WALK_BACK)
     assert only.uri == prev
+
+
+@pytest.mark.parametrize("prev", ["/data/runs/run-1/train/2/ckpt", "file:///data/runs/run-1/train/2/ckpt"])
+def test_a_local_per_attempt_location_has_its_earlier_attempts(prev: str) -> None:
+    found = attempt_uris(prev, run_name="run-1", action_name="train", earlier=MAX_WALK_BACK)
+    assert [candidate.attempt for candidate in found] == [2, 1, 0]
+    assert found[-1].uri == prev.replace("/2/", "/0/")
 
 
 def test_a_correct_previous_uri_in_flytes_layout_is_not_repaired_to_an_older_attempt() -> None:
@@ -255,14 +261,48 @@ def test_storage_failing_during_the_walk_raises_instead_of_walking_on(
     assert not any(f"/{RUN}-{ACTION}-0/" in path for path in looked_up)  # attempt 0 was never asked
 
 
-def test_a_local_source_never_walks_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spelling", ["path", "file-uri"])
+def test_a_local_source_in_the_per_attempt_layout_walks_back_to_the_newest_attempt_that_saved(
+    tmp_path: Path, spelling: str
+) -> None:
+    """What `flyte-checkpoint run` users write locally: file://…/{run}/{action}/{n}/checkpoint."""
     attempt_dir = tmp_path / "runs" / RUN / ACTION
     save(str(attempt_dir / "1" / "ckpt"), b"state of attempt 1", {})
+    previous = str(attempt_dir / "2" / "ckpt")
+    source = previous if spelling == "path" else f"file://{previous}"
+    with Checkpoint(attempt_dir / "3" / "ckpt", source, run_name=RUN, action_name=ACTION) as checkpoint:
+        restored = checkpoint.load_sync()
+        assert restored is not None
+        assert restored.read_bytes() == b"state of attempt 1"
+        assert checkpoint.restored_from is not None
+        assert checkpoint.restored_from.attempt == 1
+
+
+def test_a_retried_attempt_that_finds_nothing_to_resume_from_says_so_at_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    attempt_dir = tmp_path / "runs" / RUN / ACTION
+    caplog.set_level(logging.INFO, logger="flyte_checkpoint")
     with Checkpoint(
-        attempt_dir / "3" / "ckpt", attempt_dir / "2" / "ckpt", run_name=RUN, action_name=ACTION
+        attempt_dir / "3" / "ckpt",
+        attempt_dir / "2" / "ckpt",
+        run_name=RUN,
+        action_name=ACTION,
+        attempt_number=3,
     ) as checkpoint:
         assert checkpoint.load_sync() is None
-        assert checkpoint.restored_from is None
+    (warning,) = messages(caplog, logging.WARNING)
+    assert "attempt 3 found no checkpoint" in warning
+    assert "starts from the beginning" in warning
+
+
+def test_the_first_attempt_finding_no_checkpoint_is_no_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="flyte_checkpoint")
+    with Checkpoint(tmp_path / "ckpt", tmp_path / "prev", attempt_number=0) as checkpoint:
+        assert checkpoint.load_sync() is None
+    assert messages(caplog, logging.WARNING) == []
 
 
 def test_a_direct_restore_reports_the_previous_attempt(bucket: str, options: dict[str, Any]) -> None:

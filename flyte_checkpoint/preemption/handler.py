@@ -30,7 +30,9 @@ watching the clouds named there for their earlier warning; the last uninstall st
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -40,7 +42,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from flyte_checkpoint.errors import ConfigurationError, Preempted
-from flyte_checkpoint.preemption import cloud, notice
+from flyte_checkpoint.preemption import arrival, cloud, notice
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -68,9 +70,34 @@ class _State:
         self.cloud: cloud.CloudNoticeWatcher | None = None
         self.deliverers: list[Deliver] = []
         """Where endings go instead of the main thread (:func:`ending_delivered_to`), innermost last."""
+        self.arrivals: arrival.ArrivalWatcher | None = None
+        """Records each signal when it arrives, however late Python runs :func:`_on_signal`."""
 
 
 _state = _State()
+
+
+def _on_arrival(signum: int, arrived_at: float) -> None:
+    if signum in _state.previous:
+        notice.notify_signal(signum, _state.grace_seconds, received_at=arrived_at)
+
+
+def _forget_in_child() -> None:
+    """A fork child (a DataLoader worker, a pool process) gets back the handlers that were there
+    before ours: SIGTERM ends it as it always did (``terminate()`` works, a daemon child does not
+    hang its parent's exit), and its signals never reach the parent's watcher."""
+    global _state
+    if not _state.previous:
+        return
+    for signum, previous in _state.previous.items():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+    if _state.arrivals is not None:
+        _state.arrivals.forget_in_child()
+    _state = _State()  # the parent's threads did not come along; its lock may have been held
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -105,6 +132,9 @@ class PreemptionHandler:
             for signum, previous in _state.previous.items():
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
             _state.previous.clear()
+            arrivals, _state.arrivals = _state.arrivals, None
+            if arrivals is not None:
+                arrivals.stop()
             _state.stop.set()
             watcher, _state.watcher = _state.watcher, None
             clouds, _state.cloud = _state.cloud, None
@@ -158,6 +188,10 @@ def install_preemption_handler(
             _state.ending = None
             _state.stop = threading.Event()
             _state.cloud = clouds.start() if clouds is not None else None
+            try:
+                _state.arrivals = arrival.ArrivalWatcher(_on_arrival)
+            except (OSError, ValueError) as error:  # no socket, or a wakeup fd we may not set
+                logger.debug("signal arrival times unavailable (the handler's time is used): %r", error)
         for signum in wanted:
             if signum not in _state.previous:
                 _state.previous[signum] = signal.signal(signum, _on_signal)
@@ -260,4 +294,6 @@ def _end_main_thread(ending: Preempted) -> None:
     if signum is None:
         return
     _state.ending = ending
+    if _state.arrivals is not None:
+        _state.arrivals.skip_next(signum)  # our own signal, not another notice
     signal.pthread_kill(threading.main_thread().ident or 0, signum)

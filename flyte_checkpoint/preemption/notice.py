@@ -133,10 +133,17 @@ _notice: PreemptionNotice | None = None
 _taken_over = False
 
 
-def notify(source: str, grace_seconds: float, signum: int | None = None) -> PreemptionNotice:
-    """Record a notice; a later one counts only if its deadline is sooner. Safe in a signal handler."""
+def notify(
+    source: str, grace_seconds: float, signum: int | None = None, *, received_at: float | None = None
+) -> PreemptionNotice:
+    """Record a notice; a later one counts only if its deadline is sooner. Safe in a signal handler.
+
+    ``received_at`` (``time.monotonic()``) is when it arrived, when that is known to be earlier
+    than now (:mod:`.arrival`).
+    """
     global _notice
-    arrived = PreemptionNotice(source, signum, time.monotonic(), grace_seconds)
+    arrived_at = time.monotonic() if received_at is None else received_at
+    arrived = PreemptionNotice(source, signum, arrived_at, grace_seconds)
     current = _notice
     if current is None or arrived.deadline < current.deadline:
         _notice = arrived  # one assignment: atomic for every thread and for the interrupted code
@@ -144,13 +151,13 @@ def notify(source: str, grace_seconds: float, signum: int | None = None) -> Pree
     return current
 
 
-def notify_signal(signum: int, grace_seconds: float) -> PreemptionNotice:
+def notify_signal(signum: int, grace_seconds: float, *, received_at: float | None = None) -> PreemptionNotice:
     """:func:`notify` for a signal, named as ``signal.Signals`` names it."""
     try:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
-    return notify(name, grace_seconds, signum)
+    return notify(name, grace_seconds, signum, received_at=received_at)
 
 
 def current_notice() -> PreemptionNotice | None:
@@ -227,3 +234,14 @@ def wait_for_saves(until: float) -> bool:
                 return False
             _saves.wait(min(left, 0.25))
         return True
+
+
+def _forget_in_child() -> None:
+    """A fork child is not the task that was told: no notice, no saves of its parent in flight,
+    and a fresh lock (another thread of the parent may have held it at the fork)."""
+    global _notice, _taken_over, _saves, _in_flight
+    _notice, _taken_over = None, False
+    _saves, _in_flight = threading.Condition(), 0
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

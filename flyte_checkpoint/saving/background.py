@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401 - imported first: its exit hook must run after ours
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -20,6 +21,15 @@ logger = logging.getLogger("flyte_checkpoint")
 _live: weakref.WeakSet[BackgroundSaver] = weakref.WeakSet()
 """Every saver with an upload queued or in flight."""
 _live_lock = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """A fork child has none of its parent's upload threads: its exit must not wait for them."""
+    global _live, _live_lock
+    _live, _live_lock = weakref.WeakSet(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class BackgroundSaver:
