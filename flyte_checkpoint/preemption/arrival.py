@@ -8,6 +8,10 @@ writes each signal's number to the wakeup fd at once (:func:`signal.set_wakeup_f
 module makes that fd a datagram socket whose kernel receive timestamps (``SO_TIMESTAMPNS``) say
 when each signal came, and a watcher thread records the notice from them. Bytes are passed on
 to the wakeup fd that was set before (an asyncio loop's), so that keeps working.
+
+The watcher needs the GIL to record: after a C call that held it, the handler's own (late)
+notice may be the current one for the few milliseconds until the watcher runs and replaces it
+with the earlier-dated one (a notice with a sooner deadline always wins).
 """
 
 from __future__ import annotations

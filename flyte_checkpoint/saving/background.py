@@ -11,7 +11,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 
-from flyte_checkpoint.errors import PreemptionDeadlineError
+from flyte_checkpoint.errors import InputChangedError, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.saving.job import SaveJob
 from flyte_checkpoint.storage.base import WriteGate
@@ -142,12 +142,17 @@ class BackgroundSaver:
     def submit(self, job: SaveJob) -> None:
         """Queue ``job`` for upload, replacing a queued one.
 
-        Raises the failure of the newest earlier save first (and drops ``job``); the
-        failure of a save that a newer one superseded waits for that newer one's outcome.
+        Raises the failure of the newest earlier save first (and drops ``job``), except an
+        :class:`InputChangedError` (its input rewritten in place: ``job`` is the newer state);
+        the failure of a save that a newer one superseded waits for that newer one's outcome.
         """
         self.release_hold()
         with self._condition:
-            if self._error is not None and self._error[0] == self._submitted:
+            if (
+                self._error is not None
+                and self._error[0] == self._submitted
+                and not _input_changed(self._error[1])
+            ):
                 job.discard()
                 self._raise_pending_error()
             self._drop_queued()
@@ -236,6 +241,12 @@ class BackgroundSaver:
             outcome,
             error,
         )
+
+
+def _input_changed(error: BaseException) -> bool:
+    """A save discarded because its input was rewritten in place: the save being submitted now
+    carries the newer state, so it decides (and its snapshot copies the rewritten files)."""
+    return isinstance(error, InputChangedError)
 
 
 def finish_at_exit() -> None:

@@ -52,6 +52,11 @@ from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
 _Stamp = tuple[int, int]
 _FileId = tuple[int, int]
 
+_rewritten_in_place: set[str] = set()
+"""The caller's files (real paths) seen rewritten in place under a snapshot's hard link (as
+``torch.save(state, same_path)`` does): later snapshots copy them, so the pattern costs a copy
+per save instead of every save that overlaps the next write."""
+
 
 @dataclass
 class Snapshot:
@@ -83,6 +88,7 @@ class Snapshot:
             except FileNotFoundError:
                 now = (-1, -1)
             if now != stamp:
+                _rewritten_in_place.add(os.path.realpath(self._user_name(path)))
                 raise InputChangedError(
                     f"{self._user_name(path)} was modified in place while a background save was "
                     "uploading it, so that save was discarded and the previous checkpoint kept; write "
@@ -284,7 +290,7 @@ def _link_target(link: Path, source: Path) -> str:
 def _place_file(
     source: str, target: str, snapshot: Snapshot, mapped: _Mappings, file_id: _FileId, *, link: bool
 ) -> None:
-    if link and not mapped.holds(source, file_id):
+    if link and not mapped.holds(source, file_id) and os.path.realpath(source) not in _rewritten_in_place:
         os.link(source, target, follow_symlinks=False)
         snapshot.stamps[target] = _stamp(os.lstat(target))
     else:

@@ -23,6 +23,7 @@ BUSY_IN_C = textwrap.dedent(
         print("ready", flush=True)
         sum(range(400_000_000))  # one C call: no bytecode runs, so no Python signal handler
         ended = time.monotonic()
+        time.sleep(0.1)  # the watcher thread dates the notice as soon as it next runs
         notice = current_notice()
         assert notice is not None
         print(notice.received_at, ended, notice.time_left(), flush=True)
@@ -46,6 +47,8 @@ def test_a_notice_during_a_long_c_call_is_dated_when_the_signal_arrived() -> Non
             process.kill()
             process.wait()
     received_at, ended, left = (float(field) for field in out.split())
-    assert ended - sent > 0.5, f"the C call ended {ended - sent:.2f} s after the signal: too short to tell"
-    assert abs(received_at - sent) < 0.25, err
-    assert left < 30 - (ended - sent) + 0.25
+    late = ended - sent  # when the handler ran: where the old clock started
+    assert late > 1.0, f"the C call ended {late:.2f} s after the signal: too short to tell"
+    # Within half a second of the kill even on a loaded machine, and well before the handler ran.
+    assert -0.05 < received_at - sent < min(0.5, late / 2), err
+    assert left < 30 - late + 0.5

@@ -1,0 +1,83 @@
+"""A task that rewrites its state file in place (``torch.save(state, same_path)``) while a
+background save of it is in flight loses that one save, never the task: the next save goes on,
+and copies the file from then on so the same rewrite cannot discard it again."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint import Checkpoint, InputChangedError
+from flyte_checkpoint.saving import snapshot
+
+MiB = 1024 * 1024
+
+
+class HeldUpload:
+    """A progress callback holding a background upload after its first bytes until released."""
+
+    def __init__(self) -> None:
+        self.underway = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, done: int, total: int | None) -> None:
+        self.underway.set()
+        assert self.release.wait(30), "the test never released the held upload"
+
+
+@pytest.fixture(autouse=True)
+def nothing_learnt_yet() -> None:
+    snapshot._rewritten_in_place.clear()
+
+
+def rewrite_in_place(path: Path, data: bytes) -> None:
+    with open(path, "r+b") as file:  # the same inode, truncated and rewritten
+        file.truncate(0)
+        file.write(data)
+
+
+def saved_while_rewritten(helper: Checkpoint, state: Path, data: bytes) -> None:
+    held = HeldUpload()
+    helper.save_sync(state, background=True, progress=held)
+    assert held.underway.wait(30)
+    rewrite_in_place(state / "weights.bin", data)
+    held.release.set()
+
+
+def restored_weights(tmp_path: Path) -> bytes:
+    with Checkpoint(tmp_path / "reader", tmp_path / "ckpt") as reader:
+        restored = reader.load_sync()
+        assert restored is not None
+        return (restored / "weights.bin").read_bytes()
+
+
+def test_the_save_after_an_in_place_rewrite_goes_on_instead_of_raising(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
+    newer = os.urandom(4 * MiB)
+    with Checkpoint(tmp_path / "ckpt") as helper:
+        saved_while_rewritten(helper, state, newer)
+        while helper._saves._uploading():  # the discarded save has failed before the next one
+            time.sleep(0.005)
+        helper.save_sync(state, background=True)  # used to raise the InputChangedError
+        helper.wait_sync()
+    assert restored_weights(tmp_path) == newer
+
+
+def test_a_file_rewritten_in_place_once_is_copied_by_later_snapshots(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
+    with Checkpoint(tmp_path / "ckpt") as helper:
+        saved_while_rewritten(helper, state, os.urandom(4 * MiB))
+        with pytest.raises(InputChangedError):
+            helper.wait_sync()  # no newer save: the discarded one is still reported
+        stored = (state / "weights.bin").read_bytes()
+        saved_while_rewritten(helper, state, os.urandom(4 * MiB))  # the snapshot copied it
+        helper.wait_sync()
+    assert restored_weights(tmp_path) == stored
