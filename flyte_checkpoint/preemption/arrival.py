@@ -49,11 +49,9 @@ class ArrivalWatcher:
         self._lock = threading.Lock()
         self._reader, self._writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._writer.setblocking(False)
-        self._stamped = False
         if _SO_TIMESTAMPNS is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # then the watcher's own clock dates each signal
                 self._reader.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-                self._stamped = True
         self._previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="flyte-checkpoint-signals", daemon=True)
@@ -67,8 +65,9 @@ class ArrivalWatcher:
     def stop(self) -> None:
         """Give the wakeup fd back to whoever had it (if it is still ours) and end the watcher."""
         with contextlib.suppress(ValueError):  # not the main thread: leave the fd as it is
-            if signal.set_wakeup_fd(self._previous) != self._writer.fileno():
-                signal.set_wakeup_fd(-1 if self._previous < 0 else self._previous)
+            replaced = signal.set_wakeup_fd(self._previous)
+            if replaced != self._writer.fileno():  # someone set theirs after ours: keep it
+                signal.set_wakeup_fd(replaced)
         self._stop.set()
         with contextlib.suppress(OSError):
             self._writer.send(_WAKE)  # the watcher is waiting in select: wake it now
@@ -80,7 +79,7 @@ class ArrivalWatcher:
         """In a fork child: the socket is shared with the parent, so the child must never write
         its own signals to it (they would read as the parent's). Called right after the fork."""
         with contextlib.suppress(ValueError, OSError):
-            signal.set_wakeup_fd(self._previous if self._previous >= 0 else -1)
+            signal.set_wakeup_fd(self._previous)
         self._close()
 
     def _close(self) -> None:

@@ -82,6 +82,11 @@ def _on_arrival(signum: int, arrived_at: float) -> None:
         notice.notify_signal(signum, _state.grace_seconds, received_at=arrived_at)
 
 
+def _put_back(signum: int, previous: _SignalHandler) -> None:
+    """Reinstall the handler ``signum`` had before ours (the default when it had none from Python)."""
+    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+
 def _forget_in_child() -> None:
     """A fork child (a DataLoader worker, a pool process) gets back the handlers that were there
     before ours: SIGTERM ends it as it always did (``terminate()`` works, a daemon child does not
@@ -91,7 +96,7 @@ def _forget_in_child() -> None:
         return
     for signum, previous in _state.previous.items():
         with contextlib.suppress(ValueError, OSError):
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            _put_back(signum, previous)
     if _state.arrivals is not None:
         _state.arrivals.forget_in_child()
     _state = _State()  # the parent's threads did not come along; its lock may have been held
@@ -130,7 +135,7 @@ class PreemptionHandler:
             if _state.users:
                 return
             for signum, previous in _state.previous.items():
-                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+                _put_back(signum, previous)
             _state.previous.clear()
             arrivals, _state.arrivals = _state.arrivals, None
             if arrivals is not None:

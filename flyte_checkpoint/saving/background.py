@@ -148,10 +148,12 @@ class BackgroundSaver:
         """
         self.release_hold()
         with self._condition:
+            # An InputChangedError (the input rewritten in place) is not raised here: ``job``
+            # carries the newer state and decides, and its snapshot copies the rewritten files.
             if (
                 self._error is not None
                 and self._error[0] == self._submitted
-                and not _input_changed(self._error[1])
+                and not isinstance(self._error[1], InputChangedError)
             ):
                 job.discard()
                 self._raise_pending_error()
@@ -241,12 +243,6 @@ class BackgroundSaver:
             outcome,
             error,
         )
-
-
-def _input_changed(error: BaseException) -> bool:
-    """A save discarded because its input was rewritten in place: the save being submitted now
-    carries the newer state, so it decides (and its snapshot copies the rewritten files)."""
-    return isinstance(error, InputChangedError)
 
 
 def finish_at_exit() -> None:

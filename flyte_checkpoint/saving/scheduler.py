@@ -119,11 +119,9 @@ class SaveScheduler:
     def settle(self) -> str | None:
         """Wait for the background saves in flight, up to the save deadline; what kept them from
         committing (their failure is reported here, so a later wait does not raise it again)."""
-        if self._saver is None:
-            return None
         uri = self._destination.uri
         try:
-            self._saver.wait(until=notice.save_deadline())
+            self.wait()
         except PreemptionDeadlineError:
             return (
                 f"the background save to {uri} in flight did not commit before the save "

@@ -52,10 +52,10 @@ from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
 _Stamp = tuple[int, int]
 _FileId = tuple[int, int]
 
-_rewritten_in_place: set[str] = set()
-"""The caller's files (real paths) seen rewritten in place under a snapshot's hard link (as
-``torch.save(state, same_path)`` does): later snapshots copy them, so the pattern costs a copy
-per save instead of every save that overlaps the next write."""
+_rewritten_in_place: set[_FileId] = set()
+"""The files (device, inode) seen rewritten in place under a snapshot's hard link (as
+``torch.save(state, same_path)`` does: same inode, truncated): later snapshots copy them, so the
+pattern costs a copy per save instead of every save that overlaps the next write."""
 
 
 @dataclass
@@ -84,11 +84,12 @@ class Snapshot:
         """Raise :class:`InputChangedError` if any linked file changed since it was taken."""
         for path, stamp in self.stamps.items():
             try:
-                now = _stamp(os.lstat(path))
+                status: os.stat_result | None = os.lstat(path)
             except FileNotFoundError:
-                now = (-1, -1)
-            if now != stamp:
-                _rewritten_in_place.add(os.path.realpath(self._user_name(path)))
+                status = None
+            if status is None or _stamp(status) != stamp:
+                if status is not None:  # the link's inode is the caller's file
+                    _rewritten_in_place.add((status.st_dev, status.st_ino))
                 raise InputChangedError(
                     f"{self._user_name(path)} was modified in place while a background save was "
                     "uploading it, so that save was discarded and the previous checkpoint kept; write "
@@ -290,7 +291,7 @@ def _link_target(link: Path, source: Path) -> str:
 def _place_file(
     source: str, target: str, snapshot: Snapshot, mapped: _Mappings, file_id: _FileId, *, link: bool
 ) -> None:
-    if link and not mapped.holds(source, file_id) and os.path.realpath(source) not in _rewritten_in_place:
+    if link and not mapped.holds(source, file_id) and file_id not in _rewritten_in_place:
         os.link(source, target, follow_symlinks=False)
         snapshot.stamps[target] = _stamp(os.lstat(target))
     else:

@@ -4,13 +4,16 @@ and neither it nor its parent waits on the other at exit."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork and its handlers: Linux")
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="os.fork is POSIX's: there are no fork children on Windows"
+)
 
 TERMINATED_FORK_CHILD = textwrap.dedent(
     """

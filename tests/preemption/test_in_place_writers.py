@@ -5,7 +5,6 @@ and copies the file from then on so the same rewrite cannot discard it again."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -13,20 +12,9 @@ import pytest
 
 from flyte_checkpoint import Checkpoint, InputChangedError
 from flyte_checkpoint.saving import snapshot
+from tests.preemption.test_final_save_supersedes import HeldUpload
 
 MiB = 1024 * 1024
-
-
-class HeldUpload:
-    """A progress callback holding a background upload after its first bytes until released."""
-
-    def __init__(self) -> None:
-        self.underway = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, done: int, total: int | None) -> None:
-        self.underway.set()
-        assert self.release.wait(30), "the test never released the held upload"
 
 
 @pytest.fixture(autouse=True)
