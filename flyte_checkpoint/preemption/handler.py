@@ -79,7 +79,7 @@ _state = _State()
 
 def _on_arrival(signum: int, arrived_at: float) -> None:
     if signum in _state.previous:
-        notice.notify_signal(signum, _state.grace_seconds, received_at=arrived_at)
+        notice.notify_arrival(signum, _state.grace_seconds, arrived_at)
 
 
 def _put_back(signum: int, previous: _SignalHandler) -> None:

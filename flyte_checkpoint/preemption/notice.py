@@ -131,6 +131,9 @@ def check_grace_seconds(value: float | None) -> float:
 
 _notice: PreemptionNotice | None = None
 _taken_over = False
+_cleared_at = float("-inf")
+"""``time.monotonic()`` of the last :func:`clear`."""
+_clear_lock = threading.Lock()
 
 
 def notify(
@@ -178,9 +181,24 @@ def taken_over() -> bool:
 
 def clear() -> None:
     """Forget the notice (and the take-over): a runner starting another attempt in this process."""
-    global _notice, _taken_over
-    _notice = None
-    _taken_over = False
+    global _notice, _taken_over, _cleared_at
+    with _clear_lock:
+        _notice = None
+        _taken_over = False
+        _cleared_at = time.monotonic()
+
+
+def notify_arrival(signum: int, grace_seconds: float, received_at: float) -> None:
+    """:func:`notify_signal` for a signal a watcher thread saw arrive at ``received_at``.
+
+    The watcher may run only after the notice was handled and cleared for the next attempt (it
+    needs the GIL, and its record comes after the handler's): an arrival dated before the last
+    :func:`clear` belonged to an attempt that already ended, and is dropped. The check and the
+    record are one step against :func:`clear` (never called from a signal handler).
+    """
+    with _clear_lock:
+        if received_at >= _cleared_at:
+            notify_signal(signum, grace_seconds, received_at=received_at)
 
 
 def save_deadline() -> float | None:
@@ -239,9 +257,9 @@ def wait_for_saves(until: float) -> bool:
 def _forget_in_child() -> None:
     """A fork child is not the task that was told: no notice, no saves of its parent in flight,
     and a fresh lock (another thread of the parent may have held it at the fork)."""
-    global _notice, _taken_over, _saves, _in_flight
+    global _notice, _taken_over, _saves, _in_flight, _clear_lock
     _notice, _taken_over = None, False
-    _saves, _in_flight = threading.Condition(), 0
+    _saves, _in_flight, _clear_lock = threading.Condition(), 0, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

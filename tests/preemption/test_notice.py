@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -68,3 +69,20 @@ def test_without_a_notice_there_is_no_save_deadline() -> None:
     assert notice.current_notice() is None
     assert notice.save_deadline() is None
     assert notice.save_ceiling() is None
+
+
+def test_a_signal_arrival_dated_before_the_last_clear_is_not_a_notice_for_the_next_attempt() -> None:
+    """The arrival watcher can run after the runner cleared the handled notice for a retry."""
+    arrived = time.monotonic()
+    notice.clear()  # the attempt that got the signal handled it; the next one starts
+    notice.notify_arrival(signal.SIGTERM, 30.0, arrived)
+    assert notice.current_notice() is None
+
+
+def test_a_signal_arrival_after_the_last_clear_is_a_notice_dated_when_it_arrived() -> None:
+    notice.clear()
+    arrived = time.monotonic()
+    notice.notify_arrival(signal.SIGTERM, 30.0, arrived)
+    current = notice.current_notice()
+    assert current is not None
+    assert current.received_at == arrived
