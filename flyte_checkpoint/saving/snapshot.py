@@ -81,7 +81,14 @@ class Snapshot:
         return self.data if isinstance(self.data, Path) else None
 
     def verify_unchanged(self) -> None:
-        """Raise :class:`InputChangedError` if any linked file changed since it was taken."""
+        """Raise :class:`InputChangedError` if any linked file changed since it was taken.
+
+        Every linked file is checked, not only up to the first change: a step usually rewrites
+        several files in place (``weights.bin`` and ``meta.json`` alike), and each one learnt
+        here is copied by later snapshots, so one discarded save teaches them all instead of
+        one discarded save per file.
+        """
+        changed: list[str] = []
         for path, stamp in self.stamps.items():
             try:
                 status: os.stat_result | None = os.lstat(path)
@@ -90,12 +97,15 @@ class Snapshot:
             if status is None or _stamp(status) != stamp:
                 if status is not None:  # the link's inode is the caller's file
                     _rewritten_in_place.add((status.st_dev, status.st_ino))
-                raise InputChangedError(
-                    f"{self._user_name(path)} was modified in place while a background save was "
-                    "uploading it, so that save was discarded and the previous checkpoint kept; write "
-                    "new files and rename them (as torch.save to a new name does) or wait() before "
-                    "rewriting"
-                )
+                changed.append(path)
+        if changed:
+            others = f" (and {len(changed) - 1} other files)" if len(changed) > 1 else ""
+            raise InputChangedError(
+                f"{self._user_name(changed[0])}{others} was modified in place while a background "
+                "save was uploading it, so that save was discarded and the previous checkpoint kept; "
+                "later saves copy such files instead of linking them; write new files and rename "
+                "them (as torch.save to a new name does) or wait() before rewriting to avoid the copy"
+            )
 
     @contextlib.contextmanager
     def errors_for_the_caller(self) -> Iterator[None]:

@@ -69,3 +69,30 @@ def test_a_file_rewritten_in_place_once_is_copied_by_later_snapshots(tmp_path: P
         saved_while_rewritten(helper, state, os.urandom(4 * MiB))  # the snapshot copied it
         helper.wait_sync()
     assert restored_weights(tmp_path) == stored
+
+
+def test_every_file_rewritten_in_place_during_one_discarded_save_is_copied_by_later_snapshots(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
+    (state / "meta.json").write_bytes(b'{"step": 1}')
+    with Checkpoint(tmp_path / "ckpt") as helper:
+        held = HeldUpload()
+        helper.save_sync(state, background=True, progress=held)
+        assert held.underway.wait(30)
+        rewrite_in_place(state / "weights.bin", os.urandom(4 * MiB))  # one step writes both files
+        rewrite_in_place(state / "meta.json", b'{"step": 2}')
+        held.release.set()
+        with pytest.raises(InputChangedError, match=r"and 1 other files"):
+            helper.wait_sync()
+        weights = (state / "weights.bin").read_bytes()
+        held = HeldUpload()
+        helper.save_sync(state, background=True, progress=held)
+        assert held.underway.wait(30)
+        rewrite_in_place(state / "weights.bin", os.urandom(4 * MiB))  # the next step, same pattern
+        rewrite_in_place(state / "meta.json", b'{"step": 3}')
+        held.release.set()
+        helper.wait_sync()  # used to be discarded again for meta.json: one file learnt per discard
+    assert restored_weights(tmp_path) == weights
