@@ -351,6 +351,8 @@ class _LocalRunEntry:
     def __init__(self, original: Any, local: Callable[[], bool]) -> None:
         self._original = original
         self._local = local
+        self.__doc__ = original.__doc__  # help(flyte.run) shows the SDK's documentation
+        self.__wrapped__ = original
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with _local_run_preemption(self._local()):
@@ -386,7 +388,12 @@ class _RunFunction(_LocalRunEntry):
     """``flyte.run``: pickled by reference, as the SDK's own is (a task may close over it)."""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (getattr, (flyte._run, _RUN_NAME))
+        return (_sdk_run, ())
+
+
+def _sdk_run() -> Any:
+    """``flyte.run`` as the unpickling process has it (ours where the plugin is installed)."""
+    return flyte._run.run
 
 
 def _runs_locally() -> bool:

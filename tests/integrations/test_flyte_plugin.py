@@ -6,6 +6,7 @@ import dataclasses
 import importlib.metadata
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -304,6 +305,7 @@ def test_install_wraps_the_local_run_entries_and_uninstall_puts_them_back() -> N
     flyte_plugin.install()
     try:
         wrapped = (flyte._run._Runner.__dict__["run"], flyte.run, flyte._run.run)
+        assert pickle.loads(pickle.dumps(flyte.run)) is flyte.run  # by reference, as the SDK's
     finally:
         flyte_plugin.uninstall()
     assert wrapped[0] is not runner_run
