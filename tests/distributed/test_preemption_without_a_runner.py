@@ -72,7 +72,9 @@ def test_torchrun_workers_save_the_same_step_and_exit_143_when_the_agent_gets_a_
             torchrun.finish(timeout=60)
     finally:
         _reap_workers(tmp_path)
-    seen = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(WORLD)]
+    reports = [tmp_path / f"rank-{rank}.json" for rank in range(WORLD)]
+    assert all(report.exists() for report in reports), torchrun.output()
+    seen = [json.loads(report.read_text()) for report in reports]
     step = seen[0]["step"]
     assert seen == [{"step": step, "saved": True, "code": 143}] * WORLD, torchrun.output()
     manager = DistributedCheckpointManager(tmp_path / "ckpt")
