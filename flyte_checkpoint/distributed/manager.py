@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch.distributed as dist
@@ -24,10 +26,11 @@ from flyte_checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointNotFoundError,
+    ConfigurationError,
     InvalidCheckpointInputError,
     Preempted,
 )
-from flyte_checkpoint.preemption import notice, ranks
+from flyte_checkpoint.preemption import handler, notice, ranks
 from flyte_checkpoint.progress import ProgressCallback, log_transfer
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.deadline import finish_by
@@ -88,6 +91,11 @@ class DistributedCheckpointManager:
                 raise manager.preemption()              # every rank exits
             if step % 100 == 0:
                 manager.save(step, state_dict)
+
+    A rank started without a runner (each ``torchrun`` worker, Flyte's ``Elastic`` tasks) needs
+    no more: when no preemption handler is installed in the process, the first
+    :meth:`reached_preemption` installs one (SIGTERM, ``grace_seconds``), and :meth:`close` (or
+    leaving ``with manager:``) puts the previous signal handlers back.
     """
 
     def __init__(
@@ -98,6 +106,7 @@ class DistributedCheckpointManager:
         storage_options: StorageOptions | None = None,
         resume_from: str | os.PathLike[str] | None = None,
         process_group: dist.ProcessGroup | None = None,
+        grace_seconds: float | None = None,
     ) -> None:
         if keep_last is not None and (
             isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
@@ -108,6 +117,10 @@ class DistributedCheckpointManager:
         self.keep_last = keep_last
         self.storage_options = dict(storage_options) if storage_options is not None else None
         self.process_group = process_group
+        self.grace_seconds = notice.check_grace_seconds(grace_seconds) if grace_seconds is not None else None
+        """The grace period of the handler :meth:`reached_preemption` installs (``None``:
+        ``FLYTE_CHECKPOINT_GRACE_SECONDS``, else 30 s, read when it installs)."""
+        self._handler: handler.PreemptionHandler | None = None
         self.resumed_step: int | None = None
         """The step of ``root`` the last successful :meth:`load` restored; retention keeps it."""
         self._last_commit: tuple[int, float] | None = None
@@ -206,8 +219,45 @@ class DistributedCheckpointManager:
         manager.reached_preemption(step)``, with the same k on every rank, at the price of up to
         k - 1 steps of the grace period. Without a process group (or with one rank) it is this
         process's own notice, and no collective.
+
+        With no preemption handler installed in the process (no runner), the first call installs
+        one, from the main thread, until :meth:`close`: without it a SIGTERM would end the rank
+        with nothing saved while this answered ``False``. Called from another thread then, it
+        raises :class:`ConfigurationError`, since signal handlers can be set in the main thread only.
         """
-        return ranks.reached_preemption(_check_step(step), self.process_group)
+        step = _check_step(step)
+        self._install_handler()
+        return ranks.reached_preemption(step, self.process_group)
+
+    def _install_handler(self) -> None:
+        if handler.is_installed():  # a runner's, the Flyte plugin's, the task's own, or ours
+            return
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigurationError(
+                "reached_preemption() was called outside the main thread with no preemption handler "
+                "installed, so a SIGTERM would end this rank with nothing saved; call "
+                "flyte_checkpoint.install_preemption_handler() in the main thread before starting "
+                "this thread (or run the task under a runner: run_with_retries, flyte-checkpoint run, "
+                "the Flyte plugin)"
+            )
+        self._handler = handler.install_preemption_handler(grace_seconds=self.grace_seconds)
+        logger.debug("preemption handler installed by the DCP manager of %s until close()", self.root)
+
+    def close(self) -> None:
+        """Uninstall the preemption handler :meth:`reached_preemption` installed, if it did (the
+        signal handlers from before come back); call it in the main thread. Idempotent; the
+        manager stays usable, and a later :meth:`reached_preemption` installs the handler again."""
+        installed, self._handler = self._handler, None
+        if installed is not None:
+            installed.uninstall()
+
+    def __enter__(self) -> DistributedCheckpointManager:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def preemption(self) -> Preempted:
         """The exception that ends this rank after :meth:`reached_preemption`: ``raise manager.preemption()``.

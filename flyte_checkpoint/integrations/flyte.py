@@ -41,19 +41,29 @@ What :func:`install` does:
   the container entry writes it to ``error.pb`` with the system error kind, so the platform
   retries the attempt on its system budget, not the user's ``retries``. The SDK has no hook
   around an attempt that runs where signal handlers can be set (its ``pre``/``post`` are methods
-  of each task class, and a ``def`` task runs in a worker thread), hence the wrapper. In the
-  SDK's local mode tasks run outside the main thread, so nothing is installed there.
+  of each task class, and a ``def`` task runs in a worker thread), hence the wrapper.
+- It wraps the SDK's entries to a local run, ``flyte.run`` and the ``run`` of
+  ``flyte.with_runcontext(...)`` (called, or awaited through ``.aio``): the SDK's local mode runs
+  every attempt in a background event loop's thread, where no signal handler can be set, while
+  the main thread waits in that call. So a local run started from the main thread has the
+  preemption handler installed there for its length (the previous handlers restored after it),
+  and the attempts find it: a SIGTERM is ``checkpoint.preempted``, the preempted attempt ends
+  with the system error, which the SDK's local loop retries within the task's ``retries`` (each
+  retry starts without the notice and resumes from the checkpoint the SDK stages). When no retry
+  is left, the run raises :class:`~flyte_checkpoint.errors.Preempted` (a ``SystemExit``: the
+  process ends with 143 after a SIGTERM, as remote attempts do) instead of the SDK's error.
 
-All three are undone by :func:`uninstall`; calling :func:`install` or :func:`uninstall` twice is
+All four are undone by :func:`uninstall`; calling :func:`install` or :func:`uninstall` twice is
 harmless. The stored format is the
 SDK's (one object: bytes or a file as-is, a directory as one ``.tar.gz``), so a checkpoint saved by
 the SDK's own helper loads with ours and the other way round, and the SDK's local retries (which
 copy ``checkpoint`` to ``prev_checkpoint`` before each retry) resume from what ours saved.
 
 The attempt number: on a cluster it is the SDK's (``FLYTE_ATTEMPT_NUMBER``, set by the platform).
-The SDK's local mode runs retries in this process without setting it, so there each new attempt
-of an action that reaches this plugin (through ``flyte_checkpoint.ctx()``, ``checkpoint()`` or
-``flyte.ctx().checkpoint``) gets the next number, counted per run and action.
+The SDK's local mode runs retries in this process without setting it (``flyte.ctx().attempt_number``
+is 0 on every local attempt), so there each new attempt of an action that reaches this plugin
+(through ``flyte_checkpoint.ctx()``, ``checkpoint()`` or ``flyte.ctx().checkpoint``) gets the next
+number, counted per run and action: ``flyte_checkpoint.ctx().attempt_number`` is 0, 1, 2...
 
 Supported SDK versions: :data:`SUPPORTED_FLYTE_VERSIONS` (the ``flyte`` extra pins them). Versions
 before 2.1.3 carry no ``checkpoint_paths`` on the task context and are refused with a clear error.
@@ -69,10 +79,13 @@ import logging
 import re
 import threading
 import warnings
-from collections.abc import Callable, Coroutine, Hashable, Mapping
+from collections.abc import Callable, Coroutine, Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 import flyte
+import flyte._run
 import flyte.errors
 import flyte.extend
 import flyte.models
@@ -108,6 +121,7 @@ _FIRST_SUPPORTED = (2, 1, 3)
 _FIRST_UNTESTED = (2, 13)
 _PROPERTY_NAME = "checkpoint"
 _EXECUTE_NAME = "execute"
+_RUN_NAME = "run"
 PREEMPTED_ERROR_CODE = "Preempted"
 """The code of the ``flyte.errors.RuntimeSystemError`` that ends a preempted task attempt."""
 
@@ -133,6 +147,12 @@ class _Installation:
     task_class: type[Any]
     original_execute: _Execute
     our_execute: _Execute
+    runner_class: type[Any]
+    original_runner_run: object
+    our_runner_run: object
+    run_modules: tuple[ModuleType, ...]
+    original_run: object
+    our_run: object
 
 
 _lock = threading.Lock()
@@ -264,18 +284,126 @@ def _preemptible(execute: _Execute) -> _Execute:
             try:
                 return await ended_on_preemption(execute(self, *args, **kwargs))
             except Preempted as preempted:
-                raise flyte.errors.RuntimeSystemError(
-                    PREEMPTED_ERROR_CODE, describe_error(preempted)
-                ) from preempted
+                raise _system_error(preempted) from preempted
             except Exception as failure:
                 ending = notice.preemption_of(failure)
                 if ending is None:
                     raise
-                raise flyte.errors.RuntimeSystemError(
-                    PREEMPTED_ERROR_CODE, describe_error(ending)
-                ) from failure
+                raise _system_error(ending) from failure
 
     return execute_preemptible
+
+
+class _LocalPreemptions:
+    """The ``Preempted`` that ended the last preempted local attempt, for its run to end with when
+    the SDK does not retry it (the notice, and so a preemption, is process-wide)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: Preempted | None = None
+
+    def record(self, preempted: Preempted) -> None:
+        with self._lock:
+            self._last = preempted
+
+    def take(self) -> Preempted | None:
+        with self._lock:
+            last, self._last = self._last, None
+            return last
+
+
+_local_preemptions = _LocalPreemptions()
+
+
+def _system_error(preempted: Preempted) -> flyte.errors.RuntimeSystemError:
+    """The SDK's error for a preempted attempt. A local attempt (in this process, with the SDK's
+    retries next in this process too) also forgets the notice, so the retry starts without it, as
+    a new pod does, and leaves the ``Preempted`` for the run to end with if none follows."""
+    sdk_context = flyte.ctx()
+    if sdk_context is not None and sdk_context.mode == "local":
+        notice.clear()
+        _local_preemptions.record(preempted)
+    return flyte.errors.RuntimeSystemError(PREEMPTED_ERROR_CODE, describe_error(preempted))
+
+
+@contextmanager
+def _local_run_preemption(local: bool) -> Iterator[None]:
+    """Around a local run started in the main thread: the preemption handler for its length, and
+    its end as the ``Preempted`` of its last attempt when that was preempted and not retried."""
+    if not local or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _local_preemptions.take()  # a run before this one in the process is no business of this one
+    with install_preemption_handler(grace_seconds=_grace_seconds()):
+        try:
+            yield
+        except flyte.errors.RuntimeSystemError as error:
+            preempted = _local_preemptions.take() if error.code == PREEMPTED_ERROR_CODE else None
+            if preempted is None:
+                raise
+            raise preempted from error
+
+
+class _LocalRunEntry:
+    """``flyte.run``, or a run context's bound ``run``: calls, and ``.aio`` awaits, the SDK's own
+    under :func:`_local_run_preemption` when ``local()`` says the run is a local one."""
+
+    def __init__(self, original: Any, local: Callable[[], bool]) -> None:
+        self._original = original
+        self._local = local
+        self.__doc__ = original.__doc__  # help(flyte.run) shows the SDK's documentation
+        self.__wrapped__ = original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with _local_run_preemption(self._local()):
+            return self._original(*args, **kwargs)
+
+    def aio(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        local = self._local()  # now, in the caller's thread (the main thread, for a script's loop)
+        return self._aio(local, args, kwargs)
+
+    async def _aio(self, local: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with _local_run_preemption(local):
+            return await self._original.aio(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._original, name)
+
+
+class _RunnerRun:
+    """Replaces the SDK's ``run`` descriptor on its run-context class: bound, a :class:`_LocalRunEntry`
+    local when the run context's mode is ``"local"``."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+
+    def __get__(self, instance: Any, owner: type[Any] | None = None) -> Any:
+        bound = self.original.__get__(instance, owner)
+        if instance is None:
+            return bound
+        return _LocalRunEntry(bound, functools.partial(_is_local, instance))
+
+
+class _RunFunction(_LocalRunEntry):
+    """``flyte.run``: pickled by reference, as the SDK's own is (a task may close over it)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_sdk_run, ())
+
+
+def _sdk_run() -> Any:
+    """``flyte.run`` as the unpickling process has it (ours where the plugin is installed)."""
+    return flyte._run.run
+
+
+def _runs_locally() -> bool:
+    """Whether ``flyte.run`` runs locally: it runs in a default run context, local without a
+    configured client; asked of one, so the answer is the SDK's own."""
+    return _is_local(flyte._run._Runner())
+
+
+def _is_local(runner: object) -> bool:
+    return getattr(runner, "_mode", None) == "local"
 
 
 def _sdk_version() -> str:
@@ -337,6 +465,9 @@ def install(*, storage_options: Mapping[str, Any] | None = None, grace_seconds: 
         our_property = property(_checkpoint_of, doc=_checkpoint_of.__doc__)
         task_class: type[Any] = flyte.extend.AsyncFunctionTaskTemplate
         original_execute: _Execute = task_class.__dict__[_EXECUTE_NAME]
+        runner_class: type[Any] = flyte._run._Runner
+        original_runner_run = runner_class.__dict__[_RUN_NAME]
+        original_run = flyte._run.run
         _installation = _Installation(
             sdk_class=sdk_class,
             original_property=sdk_class.__dict__.get(_PROPERTY_NAME, _MISSING),
@@ -346,9 +477,18 @@ def install(*, storage_options: Mapping[str, Any] | None = None, grace_seconds: 
             task_class=task_class,
             original_execute=original_execute,
             our_execute=_preemptible(original_execute),
+            runner_class=runner_class,
+            original_runner_run=original_runner_run,
+            our_runner_run=_RunnerRun(original_runner_run),
+            run_modules=(flyte, flyte._run),
+            original_run=original_run,
+            our_run=_RunFunction(original_run, _runs_locally),
         )
         setattr(sdk_class, _PROPERTY_NAME, our_property)
         setattr(task_class, _EXECUTE_NAME, _installation.our_execute)
+        setattr(runner_class, _RUN_NAME, _installation.our_runner_run)
+        for module in _installation.run_modules:
+            setattr(module, _RUN_NAME, _installation.our_run)
         register_context_provider(_running_flyte_task)
         logger.debug(
             "flyte.ctx().checkpoint now returns flyte_checkpoint.Checkpoint (flyte %s)", _sdk_version()
@@ -381,6 +521,17 @@ def uninstall() -> None:
             logger.warning(
                 "AsyncFunctionTaskTemplate.execute was replaced by someone else since install(); left as is"
             )
+        _put_back(installation.runner_class, installation.our_runner_run, installation.original_runner_run)
+        for module in installation.run_modules:
+            _put_back(module, installation.our_run, installation.original_run)
+
+
+def _put_back(owner: object, ours: object, original: object) -> None:
+    """``owner.run`` back to the SDK's, unless someone replaced ours since install()."""
+    if vars(owner).get(_RUN_NAME) is ours:
+        setattr(owner, _RUN_NAME, original)
+    else:
+        logger.warning("%s.run was replaced by someone else since install(); left as is", owner)
 
 
 def is_installed() -> bool:
@@ -391,4 +542,5 @@ def is_installed() -> bool:
         installation is not None
         and installation.sdk_class.__dict__.get(_PROPERTY_NAME) is installation.our_property
         and installation.task_class.__dict__.get(_EXECUTE_NAME) is installation.our_execute
+        and installation.runner_class.__dict__.get(_RUN_NAME) is installation.our_runner_run
     )

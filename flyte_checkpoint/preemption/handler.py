@@ -209,6 +209,12 @@ def install_preemption_handler(
     return PreemptionHandler(installed=True)
 
 
+def is_installed() -> bool:
+    """Whether a preemption handler is installed in this process (by anyone: a runner, the Flyte
+    plugin, a manager, the task's own :func:`install_preemption_handler`)."""
+    return _state.users > 0
+
+
 def reclaim_signals() -> tuple[int, ...]:
     """Put the installed handler back on those of its signals other code replaced; which those were.
 

@@ -236,25 +236,30 @@ def save_series(rank: int, world_size: int, args: dict[str, Any]) -> list[int]:
 
 def train_until_preempted(rank: int, world_size: int, args: dict[str, Any]) -> dict[str, Any]:
     """Train with a gradient all-reduce per step, vote on a preemption every step, and when the vote
-    says so save that step and stop; one rank sends itself SIGTERM (``sigterm``: [rank, step], or
-    ``sigterm_after``: [rank, seconds] from a timer thread, at a random instant of the loop)."""
+    says so save that step and stop; ranks send themselves SIGTERM (``sigterm``: [rank or list of
+    ranks, step], or ``sigterm_after``: [rank, seconds] from a timer thread, at a random instant of
+    the loop). ``"handler": false``: no handler installed beforehand, as under torchrun alone."""
+    import contextlib
     import threading
 
     from flyte_checkpoint.preemption import current_notice, install_preemption_handler
 
-    manager = DistributedCheckpointManager(args["root"])
-    victim, at_step = args.get("sigterm", [None, None])
+    grace = float(args.get("grace", 30))
+    manager = DistributedCheckpointManager(args["root"])  # the rank's process ends with the program
+    victims, at_step = args.get("sigterm", [None, None])
+    victims = victims if isinstance(victims, list) else [victims]
     timer = None
     if "sigterm_after" in args and rank == args["sigterm_after"][0]:
         timer = threading.Timer(float(args["sigterm_after"][1]), os.kill, (os.getpid(), signal.SIGTERM))
-    with install_preemption_handler(grace_seconds=float(args.get("grace", 30))):
+    handler = install_preemption_handler(grace_seconds=grace) if args.get("handler", True) else None
+    with handler or contextlib.nullcontext():
         model = sharded_model(0, world_size)
         for step in range(1, int(args.get("steps", 2000)) + 1):
             with torch.no_grad():
                 for parameter in model.parameters():
                     parameter.fill_(float(step))  # "training": every value is the step
             dist.all_reduce(torch.ones(4))  # the gradient all-reduce every rank waits in
-            if rank == victim and step == at_step:
+            if rank in victims and step == at_step:
                 os.kill(os.getpid(), signal.SIGTERM)
             voted = step + int(args.get("skew", {}).get(str(rank), 0))
             reached = manager.reached_preemption(voted)

@@ -76,13 +76,13 @@ def test_ranks_voting_at_different_steps_all_fail_instead_of_saving_different_st
 
 
 def test_without_a_process_group_the_answer_is_this_process_notice(local_store: Store) -> None:
-    manager = DistributedCheckpointManager(local_store.uri("ckpt"))
     notice.clear()
     try:
-        assert manager.reached_preemption(5) is False
-        notice.notify("SIGTERM", 30.0, 15)
-        assert manager.reached_preemption(6) is True
-        assert notice.taken_over()
+        with DistributedCheckpointManager(local_store.uri("ckpt")) as manager:
+            assert manager.reached_preemption(5) is False
+            notice.notify("SIGTERM", 30.0, 15)
+            assert manager.reached_preemption(6) is True
+            assert notice.taken_over()
     finally:
         notice.clear()
 

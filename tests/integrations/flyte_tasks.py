@@ -12,6 +12,7 @@ import flyte
 
 import flyte_checkpoint
 import flyte_checkpoint.integrations.flyte as flyte_plugin
+from flyte_checkpoint.preemption import handler
 from tests import runner_programs
 from tests.integrations.examples import load_example
 
@@ -151,6 +152,12 @@ def fail_on_the_first_attempt(log: str) -> int:
     if context.attempt_number == 0:
         raise PlannedFailure("planned failure on the first attempt")
     return context.attempt_number
+
+
+@env.task
+def describe_preemption_handler() -> str:
+    """Whether the preemption handler is installed while the task runs, as JSON."""
+    return json.dumps(handler.is_installed())
 
 
 @env.task

@@ -6,7 +6,9 @@ import dataclasses
 import importlib.metadata
 import json
 import os
+import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import flyte
+import flyte._run
 import flyte.extend
 import flyte.models
 import flyte.report
@@ -36,6 +39,7 @@ from tests.integrations.flyte_tasks import (
     count_sync,
     describe_bridged_context,
     describe_checkpoint,
+    describe_preemption_handler,
     describe_typed_accessor,
     fail_on_the_first_attempt,
     grow_directory,
@@ -294,6 +298,31 @@ def test_install_wraps_the_execute_of_function_tasks_and_uninstall_puts_it_back(
     assert wrapped is not original
     assert wrapped.__wrapped__ is original
     assert flyte.extend.AsyncFunctionTaskTemplate.__dict__["execute"] is original
+
+
+def test_install_wraps_the_local_run_entries_and_uninstall_puts_them_back() -> None:
+    runner_run, run = flyte._run._Runner.__dict__["run"], flyte.run
+    flyte_plugin.install()
+    try:
+        wrapped = (flyte._run._Runner.__dict__["run"], flyte.run, flyte._run.run)
+        assert pickle.loads(pickle.dumps(flyte.run)) is flyte.run  # by reference, as the SDK's
+    finally:
+        flyte_plugin.uninstall()
+    assert wrapped[0] is not runner_run
+    assert wrapped[1] is wrapped[2] is not run
+    assert (flyte._run._Runner.__dict__["run"], flyte.run, flyte._run.run) == (runner_run, run, run)
+
+
+def test_a_local_run_from_the_main_thread_has_the_preemption_handler_and_restores_the_previous(
+    raw_data: Path,
+) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    flyte_plugin.install()
+    try:
+        assert json.loads(run_locally(raw_data, describe_preemption_handler)) is True
+    finally:
+        flyte_plugin.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_install_refuses_a_grace_period_that_is_not_a_number_of_seconds() -> None:
