@@ -205,13 +205,19 @@ class Deadline:
     # blocking waits of the caller's thread
 
     def wait_any(
-        self, futures: Sequence[concurrent.futures.Future[Any]]
+        self, futures: Sequence[concurrent.futures.Future[Any]], *, within: float | None = None
     ) -> set[concurrent.futures.Future[Any]]:
-        """Block until one of ``futures`` is done (interruptible by Ctrl-C); return the done ones."""
+        """Block until one of ``futures`` is done (interruptible by Ctrl-C); return the done ones.
+
+        With ``within``, return (maybe an empty set) after that many seconds at the most, so the
+        caller can look at something else between waits; the bound still raises when it passes.
+        """
+        remaining = self.remaining()
+        bounded = within is None or remaining <= within
         done, _ = concurrent.futures.wait(
-            futures, timeout=self.remaining(), return_when=concurrent.futures.FIRST_COMPLETED
+            futures, timeout=remaining if bounded else within, return_when=concurrent.futures.FIRST_COMPLETED
         )
-        if not done or self.fired:
+        if self.fired or (not done and bounded):
             raise self.expired()
         return done
 

@@ -557,10 +557,19 @@ class ParallelWriter(ObjectWriter):
                 self._progress.advance(self._acknowledged)
 
     def _wait_for_room(self, limit: int) -> None:
-        """Block until fewer than ``limit`` parts are in flight; raise a failed part's error."""
+        """Block until fewer than ``limit`` parts are in flight; raise a failed part's error.
+
+        A background save's gate is looked at between parts (without waiting on its pause):
+        one that may no longer commit (a newer save committed first) ends here, instead of
+        waiting for parts whose upload is thrown away. The process waited a second for them
+        at the end of a preemption, on S3, before it could exit.
+        """
+        look_every = None if self._gate is None else _GATE_POLL * 5
         with translated_backend_errors(self.uri, "saving", scheme_of(self.uri)):
             while len(self._in_flight) >= limit:
-                self._harvest(self._deadline.wait_any(list(self._in_flight)))
+                self._harvest(self._deadline.wait_any(list(self._in_flight), within=look_every))
+                if self._gate is not None:
+                    self._gate.wait(0)  # raises if this upload may no longer commit
 
     def _raise_failed(self) -> None:
         failed = {future for future in self._in_flight if future.done() and future.exception() is not None}
@@ -688,7 +697,9 @@ class ParallelWriter(ObjectWriter):
         sending finishes. Bounded by the deadline, which cancels this wait with the rest.
         """
         # A threading.Event set by another thread: polled, as no asyncio.Event can mirror it.
-        while self._gate is not None and not self._gate.is_set():  # noqa: ASYNC110
+        # ``wait(0)`` never blocks, and raises for an upload that may no longer commit, so a
+        # superseded upload sends none of its parts that had not started.
+        while self._gate is not None and not self._gate.wait(0):  # noqa: ASYNC110
             await asyncio.sleep(_GATE_POLL)
 
     async def _put(self, body: memoryview) -> None:

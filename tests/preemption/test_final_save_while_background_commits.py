@@ -58,3 +58,30 @@ def test_the_final_save_commits_while_a_background_save_waits_on_its_last_parts_
     notice.clear()
     helper.close()
     assert stored(uri, s3_server.storage_options, tmp_path) == b"final state"
+
+
+def test_a_background_upload_the_final_save_superseded_stops_at_once_instead_of_finishing_its_parts(
+    tmp_path: Path, s3_server: StorageServer, s3_proxy: FaultProxy
+) -> None:
+    uri = f"s3://{create_bucket(s3_server)}/ckpt"
+    options = {**s3_server.storage_options, "endpoint_url": s3_proxy.url}
+    # Every part of the background save answers only after 15 s: they are still in flight when
+    # the final save has committed, and that upload can no longer commit.
+    s3_proxy.add_fault(stall(15.0, forward=True), times=None, method="PUT", path_contains="partNumber")
+    helper = Checkpoint(uri, storage_options=options)
+    helper.save_sync(STATE, background=True)
+    while not any("partNumber" in record.path for record in s3_proxy.requests):
+        threading.Event().wait(0.01)
+    notice.notify_signal(signal.SIGTERM, 30.0)
+    helper.save_sync(b"final state")  # small: one PUT, not stalled
+    ending: list[BaseException] = []
+    settled = threading.Thread(target=lambda: ending.append(helper.preemption()), daemon=True)
+    settled.start()
+    settled.join(8)  # waiting for the doomed parts took until they answered (15 s)
+    assert not settled.is_alive(), "preemption() waited for an upload that can no longer commit"
+    notice.clear()
+    s3_proxy.clear_faults()
+    helper.close()
+    assert len(ending) == 1
+    assert "committed" in str(ending[0])
+    assert stored(uri, s3_server.storage_options, tmp_path) == b"final state"
