@@ -46,7 +46,7 @@ def os_error_to_checkpoint_error(exc: OSError, uri: str, action: str) -> Checkpo
             advice = "check that the process may read it (file and directory permissions)"
         else:
             advice = (
-                "check that the process may write there (file permissions, read-only mount) "
+                "check that the process may write there (file and directory permissions) "
                 "or choose another location"
             )
         return CheckpointPermissionError(f"permission denied {action} {uri}: {exc.strerror or exc}; {advice}")
