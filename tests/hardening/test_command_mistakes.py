@@ -33,6 +33,8 @@ from flyte_checkpoint.cli import (
 from flyte_checkpoint.state import CheckpointManager, StateCheckpoint
 from tests.conftest import damage_in_place
 from tests.hardening.test_command_outcomes import COMMAND, command
+from tests.storage.conftest import remote_for
+from tests.storage_servers import StorageServer
 from tests.test_cli_commands import Counter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,6 +210,26 @@ def test_a_multi_part_checkpoint_given_where_one_object_is_read_points_to_ls(
     assert main([name, uri, *(part.format(out=tmp_path / "out") for part in rest)]) == EXIT_CONFIGURATION
     assert f"flyte-checkpoint ls {uri.rstrip('/')}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def option_flags(options: dict[str, Any]) -> list[str]:
+    """``options`` as the command's ``-o KEY=VALUE`` flags (VALUE as JSON)."""
+    return [flag for key, value in options.items() for flag in ("-o", f"{key}={json.dumps(value)}")]
+
+
+def test_on_an_object_store_ls_of_nothing_is_4_and_verify_of_a_step_points_to_ls(
+    s3_server: StorageServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    remote = remote_for("s3", s3_server)
+    flags = option_flags(remote.storage_options)
+    manager = CheckpointManager(remote.uri("steps"), storage_options=remote.storage_options)
+    manager.save(3, controller=None, parts=[Counter(1)])
+    assert main(["ls", *flags, remote.uri("no-such-root")]) == EXIT_NOT_FOUND
+    assert main(["ls", *flags, remote.uri("steps")]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["verify", *flags, manager.checkpoint_dir(3)]) == EXIT_CONFIGURATION
+    assert f"flyte-checkpoint ls {manager.checkpoint_dir(3)}" in capsys.readouterr().err
+    assert main(["verify", *flags, remote.uri("steps/absent")]) == EXIT_NOT_FOUND
 
 
 # -- 9: a read-only file system -----------------------------------------------------------------
