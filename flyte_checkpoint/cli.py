@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         "becomes DIR/payload. A non-empty DIR is refused unless --force.",
     )
     get.add_argument("uri", metavar="URI")
-    get.add_argument("directory", metavar="DIR", type=Path)
+    get.add_argument("directory", metavar="DIR")  # a str: Path("") would be the current directory
     get.add_argument("--force", action="store_true", help="write into a non-empty DIR")
     get.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         "save a file or directory as a checkpoint",
         "Do what save() does: a file is stored as-is, a directory as one .tar.gz, atomically.",
     )
-    put.add_argument("path", metavar="PATH", type=Path)
+    put.add_argument("path", metavar="PATH")  # a str: Path("") would be the current directory
     put.add_argument("uri", metavar="URI")
     put.add_argument("--level", type=int, default=None, help="gzip level for directories, 0 (store) to 9")
     put.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -460,9 +460,17 @@ def _verdict(report: ObjectReport) -> str:
 def _get(args: argparse.Namespace) -> int:
     from flyte_checkpoint.inspection import restore_to
 
+    if not args.directory.strip():
+        raise InvalidCheckpointInputError(
+            "DIR is empty; name the directory to restore into ('.' for this one)"
+        )
     with _one_object(args), progress_bar("restoring", args.quiet or args.json) as progress:
         restored = restore_to(
-            args.uri, args.directory, storage_options=_options(args), force=args.force, progress=progress
+            args.uri,
+            Path(args.directory),
+            storage_options=_options(args),
+            force=args.force,
+            progress=progress,
         )
     if args.json:
         print(json.dumps({"uri": args.uri, "restored": str(restored)}, indent=2))
@@ -477,7 +485,7 @@ def _put(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"storage_options": _options(args)}
     if args.level is not None:
         options["compression_level"] = args.level
-    estimate = _tree_size(args.path) if args.path.is_dir() else None
+    estimate = _tree_size(Path(args.path)) if os.path.isdir(args.path) else None
     description = "saving" if estimate is None else f"saving (estimate: {human_size(estimate)} uncompressed)"
     with (
         Checkpoint(args.uri, **options) as checkpoint,
@@ -485,7 +493,7 @@ def _put(args: argparse.Namespace) -> int:
     ):
         checkpoint.save_sync(args.path, progress=progress)
     if args.json:
-        print(json.dumps({"path": str(args.path), "uri": args.uri}, indent=2))
+        print(json.dumps({"path": args.path, "uri": args.uri}, indent=2))
         return EXIT_OK
     print(f"saved {args.path} to {args.uri}")
     return EXIT_OK

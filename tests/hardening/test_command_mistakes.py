@@ -77,19 +77,23 @@ def test_get_into_a_directory_the_file_system_will_not_create_is_a_storage_failu
         ["ls", ""],
         ["run", "--checkpoint-path", "", "os:getcwd"],
         ["run", "--checkpoint-path", "  ", "os:getcwd"],
+        ["put", "", "{out}"],
+        ["get", "{obj}", ""],
     ],
-    ids=["inspect", "verify", "get", "put", "ls", "run", "run-blank"],
+    ids=["inspect", "verify", "get", "put", "ls", "run", "run-blank", "put-path", "get-dir"],
 )
-def test_an_empty_uri_is_a_configuration_mistake_on_every_command(
+def test_an_empty_location_is_a_configuration_mistake_on_every_command(
     argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(tmp_path)  # what an empty URI was read as
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # what an empty location was read as
     source = tmp_path / "state.bin"
     source.write_bytes(b"x")
-    names = {"out": str(tmp_path / "out"), "source": str(source)}
+    names = {"out": str(tmp_path / "out"), "source": str(source), "obj": str(saved(tmp_path))}
     assert main([part.format(**names) for part in argv]) == EXIT_CONFIGURATION
     assert "empty" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    assert not any((tmp_path / "cwd").iterdir())
 
 
 # -- 3: a location that is not a file says what it is ---------------------------------------------
