@@ -513,8 +513,13 @@ def _validated(data: SaveData) -> bytes | Path:
         try:
             status = os.stat(path)
         except FileNotFoundError:
+            hint = (
+                "; save() reads a str as a path: to save the text itself, pass bytes (text.encode())"
+                if isinstance(data, str)
+                else ""
+            )
             raise CheckpointNotFoundError(
-                f"cannot save {path}: no such file or directory (checkpoint source path does not exist)"
+                f"cannot save {path}: no such file or directory (checkpoint source path does not exist){hint}"
             ) from None
     if stat.S_ISREG(status.st_mode) and status.st_size == 0:
         raise InvalidCheckpointInputError(

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flyte_checkpoint.errors import (
     BackendNotInstalledError,
@@ -41,12 +41,14 @@ EXIT_OK = 0
 EXIT_TASK_FAILED = 1
 """``run``: the task raised (its error is printed); any other command: an unexpected error."""
 EXIT_USAGE = 2
-"""The command line is wrong (argparse's own status)."""
+"""The command line is wrong (argparse's own status): an unknown option, a malformed value."""
 EXIT_CONFIGURATION = 3
-"""A configuration mistake: an unsupported URI or scheme, a bad storage option, a missing extra,
-an unusable input, a task reference that does not import."""
+"""A configuration mistake: an empty or unsupported URI, an invalid bucket name, a bad storage
+option, a missing extra, an unusable input, a multi-part checkpoint given where one object is
+read, a task reference that does not import."""
 EXIT_NOT_FOUND = 4
-"""No checkpoint there (no object, or an empty one), or the path to save does not exist."""
+"""No checkpoint there (no object, or an empty one; for ``ls``, nothing at the root), or the path
+to save does not exist. Never a failure to write: a script may read 4 as "start over"."""
 EXIT_CORRUPT = 5
 """The checkpoint is damaged or unsafe (digest, gzip CRC, truncation, a hostile archive)."""
 EXIT_UNAVAILABLE = 6
@@ -54,26 +56,65 @@ EXIT_UNAVAILABLE = 6
 EXIT_PERMISSION = 7
 """The store or the file system refused access (credentials, permissions)."""
 EXIT_STORAGE = 8
-"""Any other storage failure (out of space, a read-only location, a path that is a file)."""
+"""Any other storage failure (out of space, a read-only file system, a location that is not a
+file, a directory that cannot be written)."""
 EXIT_PREEMPTED = 75
 """``run``: the attempt was preempted and a checkpoint saved after the notice committed, so a retry
 resumes from it (``EX_TEMPFAIL`` of sysexits.h: try again later). Preempted with no save committed
 after the notice, ``run`` exits ``128 + signum`` (143 for SIGTERM), as if the signal had ended it."""
+EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
+"""The reader of the output went away first (``... | head -1``): the command stops quietly with
+the status of a tool ``SIGPIPE`` ended, as ``cat`` would (141)."""
+PREEMPTED_BY_SIGNAL = "128+N"
+"""``run``: preempted by signal ``N`` with no save committed after the notice (a status, not one code)."""
 
-EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (EXIT_OK, "done"),
-    (EXIT_TASK_FAILED, "run: the task raised (other commands: an unexpected error)"),
-    (EXIT_USAGE, "bad command line"),
-    (EXIT_CONFIGURATION, "configuration mistake (URI, scheme, storage option, extra, task reference)"),
-    (EXIT_NOT_FOUND, "no checkpoint there (absent or empty), or PATH does not exist"),
-    (EXIT_CORRUPT, "damaged or unsafe checkpoint"),
-    (EXIT_UNAVAILABLE, "store unreachable or timed out"),
-    (EXIT_PERMISSION, "access refused"),
-    (EXIT_STORAGE, "other storage failure (out of space, read-only)"),
-    (EXIT_PREEMPTED, "run: preempted after a checkpoint saved after the notice committed"),
+
+class ExitCode(NamedTuple):
+    """One exit status of the command: its number, the ``kind`` its ``--json`` error names, what
+    it means, and the subcommands that can return it."""
+
+    code: int | str
+    kind: str
+    meaning: str
+    commands: tuple[str, ...]
+
+
+_ALL = ("inspect", "verify", "get", "put", "ls", "run")
+_READING = ("inspect", "verify", "get", "ls")
+_STORE = ("inspect", "verify", "get", "put", "ls")
+_RUN = ("run",)
+
+EXIT_CODES: tuple[ExitCode, ...] = (
+    ExitCode(EXIT_OK, "ok", "done", _ALL),
+    ExitCode(EXIT_TASK_FAILED, "unexpected", "an unexpected error (a bug: please report it)", _ALL),
+    ExitCode(EXIT_TASK_FAILED, "task_failed", "run: the task raised", _RUN),
+    ExitCode(EXIT_USAGE, "usage", "bad command line", _ALL),
+    ExitCode(
+        EXIT_CONFIGURATION,
+        "configuration",
+        "configuration mistake (URI, bucket name, scheme, storage option, extra, input, task reference)",
+        _ALL,
+    ),
+    ExitCode(EXIT_NOT_FOUND, "not_found", "no checkpoint there (absent or empty), PATH missing", _STORE),
+    ExitCode(EXIT_CORRUPT, "corrupt", "damaged or unsafe checkpoint", _READING),
+    ExitCode(EXIT_UNAVAILABLE, "unavailable", "store unreachable or timed out", _STORE),
+    ExitCode(EXIT_PERMISSION, "permission", "access refused", _STORE),
+    ExitCode(EXIT_STORAGE, "storage", "other storage failure (out of space, read-only, not a file)", _STORE),
+    ExitCode(
+        EXIT_PREEMPTED,
+        "preempted",
+        "run: preempted after a checkpoint saved after the notice committed",
+        _RUN,
+    ),
+    ExitCode(
+        PREEMPTED_BY_SIGNAL, "preempted", "run: preempted by signal N, no save committed after it", _RUN
+    ),
+    ExitCode(
+        EXIT_OUTPUT_CLOSED, "output_closed", "the output's reader left early (head -1): stopped quietly", _ALL
+    ),
 )
-"""One code per kind of outcome, the same for every command; ``run`` adds 128+N (preempted by
-signal N with no save committed after the notice)."""
+"""Every exit status, with the kind a ``--json`` error names: one code per kind of outcome, the
+same for every command (docs/guides/command.md holds the same table)."""
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -96,13 +137,20 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_TASK_FAILED
 
 
-def _exit_status_help() -> str:
-    lines = [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES]
-    return (
-        "exit status:\n"
-        + "\n".join(lines)
-        + "\n  128+N  run: preempted by signal N, no save committed after it"
-    )
+def kind_of(code: int) -> str:
+    """The ``kind`` a ``--json`` error names for exit status ``code`` (``run`` names its task's
+    failure ``task_failed`` and a preemption ``preempted`` itself)."""
+    return next(entry.kind for entry in EXIT_CODES if entry.code == code)
+
+
+def _exit_status_help(command: str | None = None) -> str:
+    """The exit statuses ``command`` can return (every one for the command as a whole)."""
+    lines = [
+        f"  {entry.code:>5}  {entry.meaning}"
+        for entry in EXIT_CODES
+        if command is None or command in entry.commands
+    ]
+    return "exit status:\n" + "\n".join(lines)
 
 
 _BAR_THRESHOLD = 4 << 20
@@ -128,6 +176,18 @@ def _storage_option(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw
     return key, value
+
+
+def _inputs(text: str) -> dict[str, Any]:
+    try:
+        inputs: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(inputs, dict):
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object of keyword arguments, e.g. '{{\"epochs\": 10}}', not {text!r}"
+        )
+    return inputs
 
 
 def _grace_seconds(text: str) -> float:
@@ -158,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=summary,
             description=description,
-            epilog=f"example: {EXAMPLES[name]}\n\n{_exit_status_help()}",
+            epilog=f"example: {EXAMPLES[name]}\n\n{_exit_status_help(name)}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -189,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
         "check a stored checkpoint end to end",
         "Read the whole object and run every check its format has (recorded size and digest, "
         "gzip CRC, tar structure). Exit 0 when sound, 4 when absent or empty, 5 when damaged, 6-8 "
-        "when the store could not be read.",
+        "when the store could not be read. A multi-part checkpoint (a directory of parts) is "
+        "described by ls.",
     )
     verify.add_argument("uri", metavar="URI")
     verify.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -201,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         "becomes DIR/payload. A non-empty DIR is refused unless --force.",
     )
     get.add_argument("uri", metavar="URI")
-    get.add_argument("directory", metavar="DIR", type=Path)
+    get.add_argument("directory", metavar="DIR")  # a str: Path("") would be the current directory
     get.add_argument("--force", action="store_true", help="write into a non-empty DIR")
     get.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -210,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         "save a file or directory as a checkpoint",
         "Do what save() does: a file is stored as-is, a directory as one .tar.gz, atomically.",
     )
-    put.add_argument("path", metavar="PATH", type=Path)
+    put.add_argument("path", metavar="PATH")  # a str: Path("") would be the current directory
     put.add_argument("uri", metavar="URI")
     put.add_argument("--level", type=int, default=None, help="gzip level for directories, 0 (store) to 9")
     put.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -232,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--checkpoint-path", required=True, metavar="URI")
     run.add_argument("--prev-checkpoint", default=None, metavar="URI")
-    run.add_argument("--inputs", default="{}", metavar="JSON", help="keyword arguments as a JSON object")
+    run.add_argument(
+        "--inputs", type=_inputs, default="{}", metavar="JSON", help="keyword arguments as a JSON object"
+    )
     run.add_argument("--run-name", default=None)
     run.add_argument("--action-name", default=None)
     run.add_argument(
@@ -307,7 +370,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | None:
 def _inspect(args: argparse.Namespace) -> int:
     from flyte_checkpoint.inspection import inspect_object
 
-    with progress_bar("reading", args.quiet or args.json) as progress:
+    with _one_object(args), progress_bar("reading", args.quiet or args.json) as progress:
         report = inspect_object(
             args.uri, storage_options=_options(args), verify=args.verify, progress=progress
         )
@@ -329,6 +392,37 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@contextmanager
+def _one_object(args: argparse.Namespace) -> Iterator[None]:
+    """Reading ``args.uri`` as one checkpoint object: when that fails and a multi-part checkpoint
+    is there, say so and point to ``ls`` (a configuration mistake), not "no checkpoint" (which a
+    script reads as "start over") or "a directory"."""
+    try:
+        yield
+    except (CheckpointNotFoundError, CheckpointStorageError, UnsupportedURIError) as exc:
+        found = _multi_part_at(args.uri, _options(args))
+        if found is None:
+            raise
+        raise InvalidCheckpointInputError(
+            f"{args.uri} is {found}, not one checkpoint object, which `{args.command}` reads; "
+            f"list its steps and versions with: flyte-checkpoint ls {args.uri.rstrip('/')}"
+        ) from exc
+
+
+def _multi_part_at(uri: str, options: dict[str, Any] | None) -> str | None:
+    """What multi-part checkpoint is at ``uri``, in words; ``None`` if none (or it cannot tell)."""
+    from flyte_checkpoint.state import CheckpointManager
+
+    try:
+        if _is_state_root(uri, options):
+            return "a multi-part checkpoint (a StateCheckpoint, or one step of a CheckpointManager)"
+        if CheckpointManager(uri, storage_options=options).steps():
+            return "the root of a CheckpointManager's steps"
+    except Exception as exc:  # cannot tell: the error of the read stands
+        logging.getLogger("flyte_checkpoint").debug("could not tell what is at %s: %r", uri, exc)
+    return None
+
+
 def _describe_kind(kind: str) -> str:
     return {
         "archive": "directory archive (.tar.gz)",
@@ -340,7 +434,7 @@ def _describe_kind(kind: str) -> str:
 def _verify(args: argparse.Namespace) -> int:
     from flyte_checkpoint.inspection import inspect_object
 
-    with progress_bar("verifying", args.quiet or args.json) as progress:
+    with _one_object(args), progress_bar("verifying", args.quiet or args.json) as progress:
         report = inspect_object(args.uri, storage_options=_options(args), verify=True, progress=progress)
     if report.kind == "empty":
         raise CheckpointNotFoundError(f"{args.uri} is empty, which means no checkpoint")
@@ -366,9 +460,17 @@ def _verdict(report: ObjectReport) -> str:
 def _get(args: argparse.Namespace) -> int:
     from flyte_checkpoint.inspection import restore_to
 
-    with progress_bar("restoring", args.quiet or args.json) as progress:
+    if not args.directory.strip():
+        raise InvalidCheckpointInputError(
+            "DIR is empty; name the directory to restore into ('.' for this one)"
+        )
+    with _one_object(args), progress_bar("restoring", args.quiet or args.json) as progress:
         restored = restore_to(
-            args.uri, args.directory, storage_options=_options(args), force=args.force, progress=progress
+            args.uri,
+            Path(args.directory),
+            storage_options=_options(args),
+            force=args.force,
+            progress=progress,
         )
     if args.json:
         print(json.dumps({"uri": args.uri, "restored": str(restored)}, indent=2))
@@ -383,7 +485,7 @@ def _put(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"storage_options": _options(args)}
     if args.level is not None:
         options["compression_level"] = args.level
-    estimate = _tree_size(args.path) if args.path.is_dir() else None
+    estimate = _tree_size(Path(args.path)) if os.path.isdir(args.path) else None
     description = "saving" if estimate is None else f"saving (estimate: {human_size(estimate)} uncompressed)"
     with (
         Checkpoint(args.uri, **options) as checkpoint,
@@ -391,7 +493,7 @@ def _put(args: argparse.Namespace) -> int:
     ):
         checkpoint.save_sync(args.path, progress=progress)
     if args.json:
-        print(json.dumps({"path": str(args.path), "uri": args.uri}, indent=2))
+        print(json.dumps({"path": args.path, "uri": args.uri}, indent=2))
         return EXIT_OK
     print(f"saved {args.path} to {args.uri}")
     return EXIT_OK
@@ -412,8 +514,10 @@ def _ls(args: argparse.Namespace) -> int:
     from flyte_checkpoint.state import CheckpointManager
 
     steps = CheckpointManager(args.root, storage_options=_options(args)).describe_steps()
-    if not steps and _is_state_root(args):
-        return _ls_state_root(args)
+    if not steps:
+        _check_root_exists(args)
+        if _is_state_root(args.root, _options(args)):
+            return _ls_state_root(args)
     if args.json:
         print(json.dumps([step.model_dump(mode="json") for step in steps], indent=2))
         return EXIT_OK
@@ -428,15 +532,38 @@ def _ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _is_state_root(args: argparse.Namespace) -> bool:
-    """Whether ``ROOT`` is one multi-part checkpoint (its commit pointer, or versions, are there)."""
+def _is_state_root(uri: str, options: dict[str, Any] | None) -> bool:
+    """Whether ``uri`` is one multi-part checkpoint (its commit pointer, or versions, are there)."""
     from flyte_checkpoint.state.layout import POINTER_NAME, VERSIONS_DIR
     from flyte_checkpoint.storage import backend_for
 
-    root = args.root.rstrip("/")
-    backend = backend_for(root, _options(args))
+    root = uri.rstrip("/")
+    backend = backend_for(root, options)
     return backend.info(f"{root}/{POINTER_NAME}") is not None or bool(
         backend.list_prefix(f"{root}/{VERSIONS_DIR}")
+    )
+
+
+def _check_root_exists(args: argparse.Namespace) -> None:
+    """Raise unless something is at ``ROOT``: a root that is not there has no steps to list, which
+    is "no checkpoint there" (a misspelt root must not read as an empty one)."""
+    from flyte_checkpoint.storage import backend_for
+    from flyte_checkpoint.uris import is_local, local_path
+
+    root = args.root.rstrip("/")
+    if is_local(root):
+        path = local_path(root)
+        if path.is_dir():
+            return
+        if path.exists():
+            raise InvalidCheckpointInputError(
+                f"{args.root} is a file, not a root of steps; `flyte-checkpoint inspect {args.root}` "
+                "describes one checkpoint object"
+            )
+    elif backend_for(root, _options(args)).list_prefix(root):
+        return
+    raise CheckpointNotFoundError(
+        f"nothing at {args.root}: no steps and no multi-part checkpoint; check the root's spelling"
     )
 
 
@@ -474,12 +601,11 @@ def _run(args: argparse.Namespace) -> int:
     from flyte_checkpoint.runners.runtime import load_and_run_task, resolve_task
     from flyte_checkpoint.uris import check_object_uri, clean_uri
 
-    try:
-        inputs: Any = json.loads(args.inputs)
-    except json.JSONDecodeError as exc:
-        raise SystemExit(f"flyte-checkpoint: error: --inputs is not valid JSON: {exc}") from None
-    if not isinstance(inputs, dict):
-        raise SystemExit("flyte-checkpoint: error: --inputs must be a JSON object of keyword arguments")
+    if clean_uri(args.checkpoint_path) is None:
+        raise UnsupportedURIError(
+            "--checkpoint-path is empty; give the path or URI this attempt saves its checkpoint to "
+            "(an empty --prev-checkpoint means no previous attempt)"
+        )
     paths = CheckpointPaths(checkpoint_path=args.checkpoint_path, prev_checkpoint_path=args.prev_checkpoint)
     for location in (args.checkpoint_path, args.prev_checkpoint):
         cleaned = clean_uri(location)
@@ -492,7 +618,7 @@ def _run(args: argparse.Namespace) -> int:
         result = load_and_run_task(
             task,
             checkpoint_paths=paths,
-            inputs=inputs,
+            inputs=args.inputs,
             run_name=args.run_name,
             action_name=args.action_name,
             storage_options=_options(args),
@@ -508,7 +634,7 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as failure:  # the task's own error: reported as the task's, exit 1
         if args.debug:
             traceback.print_exc()
-        _report_error(args, failure, EXIT_TASK_FAILED, kind="task failed")
+        _report_error(args, failure, EXIT_TASK_FAILED, kind="task_failed")
         return EXIT_TASK_FAILED
     print(json.dumps(result, default=str))
     return EXIT_OK
@@ -532,8 +658,14 @@ def _preempted_exit_code(preempted: Preempted) -> int:
     return preempted.code if isinstance(preempted.code, int) else EXIT_TASK_FAILED
 
 
-def _report_error(args: argparse.Namespace, error: BaseException, code: int, *, kind: str = "error") -> None:
-    """One line on stderr, or (``--json``) one JSON object on stdout: type, message, exit code."""
+def _report_error(
+    args: argparse.Namespace, error: BaseException, code: int, *, kind: str | None = None
+) -> None:
+    """One line on stderr, or (``--json``) one JSON object on stdout: kind, type, message, exit code.
+
+    ``kind`` is the stable name of the exit status (:data:`EXIT_CODES`), ``type`` the class.
+    """
+    kind = kind or kind_of(code)
     if getattr(args, "json", False):
         document = {"error": {"kind": kind, "type": type(error).__name__, "message": describe_error(error)}}
         print(json.dumps({**document, "exit_code": code}, indent=2))
@@ -541,7 +673,20 @@ def _report_error(args: argparse.Namespace, error: BaseException, code: int, *, 
     if isinstance(error, Preempted):  # its message says it all: "preempted by SIGTERM ..."
         print(f"flyte-checkpoint: {describe_error(error)}", file=sys.stderr)
         return
-    print(f"flyte-checkpoint: {kind}: {type(error).__name__}: {describe_error(error)}", file=sys.stderr)
+    said = "task failed" if kind == "task_failed" else "error"
+    print(f"flyte-checkpoint: {said}: {type(error).__name__}: {describe_error(error)}", file=sys.stderr)
+
+
+def _output_closed() -> int:
+    """The reader of stdout went away (``| head -1``): stop quietly, as a tool ``SIGPIPE`` ends.
+
+    What is still buffered can go nowhere; stdout becomes ``/dev/null`` so that flushing it at
+    exit raises no second error (the recipe of Python's ``signal`` documentation).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_OUTPUT_CLOSED
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -563,10 +708,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at exit
+        return code
+    except BrokenPipeError:  # storage errors arrive typed: this is stdout's reader gone
+        return _output_closed()
     except Exception as exc:  # one clear line (or JSON) unless --debug; the code says the kind
         code = exit_code_for(exc)
         if args.debug:
             traceback.print_exc()
-        _report_error(args, exc, code)
+        try:
+            _report_error(args, exc, code)
+            sys.stdout.flush()
+        except BrokenPipeError:  # nobody reads the report: the status still says what happened
+            _output_closed()
         return code

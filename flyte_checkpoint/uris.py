@@ -79,15 +79,43 @@ def container_and_key(uri: str) -> tuple[str, str]:
 def check_supported(uri: str) -> str:
     """Return the scheme of ``uri``, or raise :class:`UnsupportedURIError`.
 
-    Refused: a scheme this package does not handle, and a remote URI without a bucket or
-    container (``s3:///key``), which no store can serve.
+    Refused: an empty URI (never read as the current directory), a scheme this package does not
+    handle, and a remote URI without a bucket or container (``s3:///key``), or with one no store
+    accepts (``s3://bu cket/key``), which no store can serve.
     """
+    if not uri.strip():
+        raise UnsupportedURIError(
+            "the storage URI is empty; give a local path or a URI such as s3://bucket/run/checkpoint"
+        )
     scheme = _check_scheme(uri)
-    if scheme in REMOTE_SCHEMES and not container_and_key(uri)[0]:
+    if scheme in REMOTE_SCHEMES:
+        _check_container(uri, scheme)
+    return scheme
+
+
+_CONTAINER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""What S3, GCS and Azure all accept in a bucket or container name, at its loosest (each store
+has stricter rules of its own, which it enforces): botocore's own check, less the leading
+punctuation no store takes. Access point ARNs (``s3://arn:aws:s3:...:accesspoint/name/key``) and
+Azure's ``$root``, ``$web`` and ``$logs`` containers are let through."""
+_AZURE_SCHEMES = frozenset({"abfs", "abfss", "az"})
+
+
+def _check_container(uri: str, scheme: str) -> None:
+    container = container_and_key(uri)[0]
+    noun = "container" if scheme in _AZURE_SCHEMES else "bucket"
+    if not container:
         raise UnsupportedURIError(
             f"storage URI {uri!r} names no bucket or container; write {scheme}://BUCKET/path/to/checkpoint"
         )
-    return scheme
+    if container.startswith("arn:") or (scheme in _AZURE_SCHEMES and container in ("$root", "$web", "$logs")):
+        return  # an S3 access point's ARN (s3fs reads its own syntax), or Azure's special containers
+    if not _CONTAINER_NAME.match(container) or len(container) > 255:
+        raise UnsupportedURIError(
+            f"storage URI {uri!r} names the {noun} {container!r}, which is not a valid {noun} name: "
+            f"a {noun} name is letters, digits, '.', '-' and '_', starting with a letter or digit, "
+            "with no spaces or other characters; correct it in the URI"
+        )
 
 
 def check_object_uri(uri: str) -> str:
@@ -95,14 +123,21 @@ def check_object_uri(uri: str) -> str:
     :class:`UnsupportedURIError` saying how to write it.
 
     Besides :func:`check_supported`'s rules, a remote object URI needs a key under its bucket
-    (``s3://bucket`` and ``s3://bucket/`` name the whole bucket) and must not end in ``/``: a
-    store would keep ``run/ckpt`` and ``run/ckpt/`` as two different objects (one save could land
-    in one and the next load read the other, silently finding nothing), so a trailing slash is
-    refused everywhere an object is named rather than quietly dropped in some places. A local
-    path may end in ``/``: the operating system reads ``ckpt/`` and ``ckpt`` as the same file.
+    (``s3://bucket`` and ``s3://bucket/`` name the whole bucket), and no object URI may end in
+    ``/``: a store would keep ``run/ckpt`` and ``run/ckpt/`` as two different objects (one save
+    could land in one and the next load read the other, silently finding nothing), and on local
+    disk ``ckpt/`` reads as a directory while a save quietly wrote a file of that name. So a
+    trailing slash is refused on every store, everywhere an object is named.
     """
     scheme = check_supported(uri)
     if scheme not in REMOTE_SCHEMES:
+        if uri.endswith("/"):
+            raise UnsupportedURIError(
+                f"checkpoint location {uri!r} ends in '/', which names a directory, not a file; a "
+                "checkpoint is one file (a directory is saved as one .tar.gz in it): drop the "
+                f"trailing slash ({uri.rstrip('/') or '/...'}), or name a file inside the directory "
+                f"({uri}checkpoint)"
+            )
         return scheme
     bucket, key = container_and_key(uri)
     if not key.strip("/"):

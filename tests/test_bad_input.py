@@ -32,7 +32,12 @@ from pathlib import Path
 
 import pytest
 
-from flyte_checkpoint import Checkpoint, CheckpointPermissionError, InvalidCheckpointInputError
+from flyte_checkpoint import (
+    Checkpoint,
+    CheckpointNotFoundError,
+    CheckpointPermissionError,
+    InvalidCheckpointInputError,
+)
 from flyte_checkpoint.storage.local import temp_files_for
 from tests.conftest import tree_of
 from tests.test_snapshot import fail_to_open
@@ -87,6 +92,13 @@ def test_saving_a_socket_is_refused_as_invalid_input_naming_it(
     with pytest.raises(InvalidCheckpointInputError, match="socket") as refused:
         _save(tmp_path / "checkpoint", socket_file, background=background)
     assert str(socket_file) in str(refused.value)
+
+
+def test_saving_a_str_that_is_no_path_says_a_str_is_a_path_and_text_must_be_bytes(tmp_path: Path) -> None:
+    with pytest.raises(
+        CheckpointNotFoundError, match=r"reads a str as a path.*pass bytes \(text\.encode\(\)\)"
+    ):
+        Checkpoint(str(tmp_path / "checkpoint")).save_sync("hello world")
 
 
 @pytest.mark.parametrize("background", BACKGROUND)

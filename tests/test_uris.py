@@ -195,3 +195,46 @@ def test_an_azure_uri_naming_its_account_keeps_the_container_as_its_bucket() -> 
     from flyte_checkpoint.uris import check_object_uri
 
     assert check_object_uri("abfs://container@account.dfs.core.windows.net/run/ckpt") == "abfs"
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_uri_is_refused_rather_than_read_as_the_current_directory(value: str) -> None:
+    from flyte_checkpoint.inspection import inspect_object
+    from flyte_checkpoint.storage import backend_for
+
+    with pytest.raises(UnsupportedURIError, match="the storage URI is empty"):
+        inspect_object(value)
+    with pytest.raises(UnsupportedURIError, match="the storage URI is empty"):
+        backend_for(value)
+
+
+@pytest.mark.parametrize("value", ["s3://bu cket/k", "gs://bucket!/k", "s3://.bucket/k", "az://con tainer/k"])
+def test_a_bucket_name_no_store_accepts_is_refused_at_construction(value: str) -> None:
+    with pytest.raises(UnsupportedURIError, match=r"which is not a valid (bucket|container) name"):
+        Checkpoint(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "s3://my-bucket.v2_old/run/ckpt",
+        "s3://arn:aws:s3:us-east-1:123456789012:accesspoint/my-point/run/ckpt",
+        "abfs://$root/run/ckpt",
+        "abfs://container@account.dfs.core.windows.net/run/ckpt",
+    ],
+)
+def test_bucket_names_the_stores_accept_pass_the_check(value: str) -> None:
+    from flyte_checkpoint.uris import check_object_uri
+
+    assert check_object_uri(value) == value.partition("://")[0]
+
+
+@pytest.mark.parametrize("spelling", ["path", "file-uri"])
+def test_a_local_checkpoint_location_with_a_trailing_slash_is_refused_naming_the_fix(
+    spelling: str, tmp_path: Path
+) -> None:
+    location = f"{tmp_path / 'ckpt'}/" if spelling == "path" else f"{(tmp_path / 'ckpt').as_uri()}/"
+    with pytest.raises(UnsupportedURIError, match=r"drop the trailing slash"):
+        Checkpoint(location)
+    with pytest.raises(UnsupportedURIError, match="ends in '/'"):
+        Checkpoint(str(tmp_path / "other"), location)

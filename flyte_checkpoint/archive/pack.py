@@ -126,7 +126,9 @@ def _check_link_stays_inside(root: str, link: str, arcname: str, alias: tuple[st
 
 
 def describe_mode(mode: int) -> str:
-    """A human name for a non-regular file mode (socket, FIFO, device node)."""
+    """A human name for a non-regular file mode (directory, socket, FIFO, device node)."""
+    if stat.S_ISDIR(mode):
+        return "directory"
     if stat.S_ISSOCK(mode):
         return "socket"
     if stat.S_ISFIFO(mode):

@@ -36,12 +36,17 @@ def os_error_to_checkpoint_error(exc: OSError, uri: str, action: str) -> Checkpo
     """The typed error for an ``OSError`` raised while ``action`` (e.g. "saving") ``uri``."""
     if isinstance(exc, CheckpointError):
         return exc
-    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if exc.errno == errno.EROFS:  # no permission or credential can fix a read-only mount
+        return CheckpointStorageError(
+            f"read-only filesystem {action} {uri}: {exc.strerror or exc}; the location is on a "
+            "file system mounted read-only: choose a location on a writable one"
+        )
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
         if action in _READING_ACTIONS:
             advice = "check that the process may read it (file and directory permissions)"
         else:
             advice = (
-                "check that the process may write there (file permissions, read-only mount) "
+                "check that the process may write there (file and directory permissions) "
                 "or choose another location"
             )
         return CheckpointPermissionError(f"permission denied {action} {uri}: {exc.strerror or exc}; {advice}")
@@ -59,6 +64,13 @@ def os_error_to_checkpoint_error(exc: OSError, uri: str, action: str) -> Checkpo
         )
     if isinstance(exc, TimeoutError | ConnectionError) or exc.errno in _TRANSIENT_ERRNOS:
         return CheckpointUnavailableError(f"storage unavailable {action} {uri}: {exc}")
+    if isinstance(exc, FileNotFoundError) and action.startswith("restoring"):
+        # Writing the restored files: what is missing is a directory to write into (or one the
+        # file system will not create, as in /proc), never the checkpoint, which was read.
+        return CheckpointStorageError(
+            f"cannot write {uri} ({action}): {exc.strerror or exc}; a directory on its path does "
+            "not exist or cannot hold new entries: restore into a writable directory"
+        )
     if isinstance(exc, FileNotFoundError):
         return CheckpointNotFoundError(f"not found {action} {uri}: {exc}")
     if isinstance(exc, NotADirectoryError) or exc.errno == errno.ENOTDIR:

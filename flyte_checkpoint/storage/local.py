@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import cast
 
+from flyte_checkpoint.archive import describe_mode
 from flyte_checkpoint.errors import CheckpointStorageError
 from flyte_checkpoint.lockfiles import create_locked, remove_if_abandoned
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
@@ -240,6 +241,18 @@ class LocalWriter(ObjectWriter):
             logger.debug("closing the descriptor of %s failed: %r", self._temp, exc)
 
 
+def _open_object(path: Path) -> int | None:
+    """A read descriptor of ``path``, or ``None`` when nothing is there.
+
+    Non-blocking, so that a FIFO given as a checkpoint is reported as one rather than waiting for
+    a writer forever; the flag does nothing to a regular file's reads.
+    """
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+
+
 def _raise_for_dangling_link(uri: str, directory: Path) -> None:
     """Name the symbolic link to nothing among ``directory`` and its parents, if there is one:
     ``mkdir`` then fails as if a file were in the way."""
@@ -340,38 +353,39 @@ class LocalBackend(Backend):
     def open_read(self, uri: str, *, progress: ProgressCallback | None = None) -> VerifyingReader | None:
         path = local_path(uri)
         with translated_os_errors(uri, "loading"):
-            try:
-                stream = open(path, "rb", buffering=0)  # noqa: SIM115 - owned by the reader
-            except FileNotFoundError:
+            fd = _open_object(path)
+            if fd is None:
                 return None
-            # Size and metadata come from the open descriptor, so a concurrent replace of the
-            # path cannot pair one object's bytes with another's digest.
-            info = self._describe(uri, stream.fileno())
-            if info is None:
-                stream.close()
-                raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+            try:
+                # Size and metadata come from the open descriptor, so a concurrent replace of the
+                # path cannot pair one object's bytes with another's digest.
+                info = self._describe(uri, fd, "loading")
+                os.set_blocking(fd, True)  # a regular file: reads as any other file's
+            except BaseException:
+                os.close(fd)
+                raise
+            stream = open(fd, "rb", buffering=0)  # noqa: SIM115 - owned by the reader
         return VerifyingReader(stream, info, progress=progress)
 
     def info(self, uri: str) -> ObjectInfo | None:
         path = local_path(uri)
         with translated_os_errors(uri, "inspecting"):
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
+            fd = _open_object(path)
+            if fd is None:
                 return None
             try:
-                described = self._describe(uri, fd)
+                return self._describe(uri, fd, "inspecting")
             finally:
                 os.close(fd)
-        if described is None:
-            raise CheckpointStorageError(f"{uri} is a directory, not a checkpoint object")
-        return described
 
     @staticmethod
-    def _describe(uri: str, fd: int) -> ObjectInfo | None:
+    def _describe(uri: str, fd: int, action: str) -> ObjectInfo:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
-            return None
+            raise CheckpointStorageError(
+                f"cannot use {uri} ({action}): it is a {describe_mode(status.st_mode)}, not a "
+                "checkpoint file; a checkpoint location names a single file, e.g. .../checkpoint"
+            )
         metadata = _get_metadata(fd)
         stamp = metadata.pop(STAMP_KEY, None)
         if stamp is not None and stamp != str(status.st_mtime_ns):

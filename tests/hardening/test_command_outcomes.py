@@ -98,8 +98,8 @@ def test_version_prints_the_package_version() -> None:
 
 def test_help_lists_every_exit_code() -> None:
     described = " ".join(command("--help").stdout.split())
-    for code, meaning in EXIT_CODES:
-        assert f"{code} {meaning}" in described
+    for entry in EXIT_CODES:
+        assert f"{entry.code} {entry.meaning}" in described
 
 
 def test_run_imports_a_task_module_from_the_current_directory(tmp_path: Path) -> None:
