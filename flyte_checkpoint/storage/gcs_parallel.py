@@ -103,6 +103,8 @@ class GCSObject:
         self._bucket, self._key, generation = fs.split_path(uri)
         self._generation = str(generation) if generation else None
         self.max_parts = MAX_PARTS
+        self.lost_creates = 0
+        """Always 0: starting an upload sends no request (see :meth:`create`)."""
         self._crc32c: str | None = None
         """The whole object's CRC32C as its description gave it: each range is checked against it."""
         self._part_requests: set[asyncio.Task[str]] = set()
@@ -284,6 +286,22 @@ class GCSObject:
         # Listed, not remembered: a part whose response was lost exists all the same.
         parts, _ = await self._list(self._parts_prefix(upload_id))
         await self._delete_all([item["name"] for item in parts])
+
+    async def unfinished(self) -> list[str]:
+        # An upload is only a name this process chose (create() asks the server nothing), so no
+        # answer can be lost: there is never an upload of this save whose id is unknown.
+        return []
+
+    async def holds_parts(self, upload_id: str) -> bool:
+        parts, _ = await self._list(self._parts_prefix(upload_id))
+        return bool(parts)
+
+    async def discard_unfinished(self) -> int:
+        """Delete every save's temporary objects of this destination; the count of saves."""
+        base = self._parts_prefix()
+        items, _ = await self._list(base)
+        await self._delete_all([str(item["name"]) for item in items])
+        return len({str(item["name"])[len(base) :].split("/", 1)[0] for item in items})
 
     async def sweep_stale(self, keep: str, older_than: float) -> int:
         """Delete the temporary objects that killed saves to this object left (not ``keep``'s).
