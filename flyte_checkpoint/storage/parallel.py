@@ -17,8 +17,10 @@ Atomicity: an upload becomes visible only when the store completes it (S3:
 CompleteMultipartUpload, or the single PutObject of an object smaller than one part), which
 happens in :meth:`ParallelWriter.commit` after every part succeeded. Any failure, abort or
 ``KeyboardInterrupt`` cancels the parts in flight and aborts the upload; the previous object
-stays. A download is pinned to the version its first response described: a replacement that
-lands meanwhile fails the load (:class:`ObjectReplacedError`) instead of mixing versions.
+stays. An upload started by a request whose answer was lost is aborted too
+(:meth:`ParallelWriter._discard_strays`). A download is pinned to the version its first
+response described: a replacement that lands meanwhile fails the load
+(:class:`ObjectReplacedError`) instead of mixing versions.
 """
 
 from __future__ import annotations
