@@ -692,6 +692,13 @@ class ParallelWriter(ObjectWriter):
 
         return await _with_retries(self._policy, describe, create)
 
+    async def _settle_strays(self) -> None:
+        """Let :meth:`_discard_strays` of this writer's own upload end, within a bound: it must
+        run while that upload is listed, and may not hold up the commit or the abort for long."""
+        if self._strays is not None:
+            await asyncio.wait({self._strays}, timeout=_LISTING_BOUND)
+            self._strays.cancel()
+
     async def _discard_strays(self, keep: str | None) -> None:
         """Abort the uploads this writer started whose ids never came back to it.
 
@@ -766,8 +773,7 @@ class ParallelWriter(ObjectWriter):
 
     async def _complete(self, receipts: Sequence[tuple[int, str]]) -> None:
         upload_id = await self._upload_id()
-        if self._strays is not None:
-            await self._strays  # while this writer's own upload is listed to tell them by
+        await self._settle_strays()  # while this writer's own upload is listed to tell them by
         await _with_retries(
             self._policy,
             f"completing the upload of {self.uri}",
@@ -788,9 +794,7 @@ class ParallelWriter(ObjectWriter):
             # No id came back, yet a request may have started an upload all the same.
             await self._discard_strays(None)
             return
-        if self._strays is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await self._strays
+        await self._settle_strays()
         await _with_retries(
             self._policy, f"aborting the upload of {self.uri}", lambda: self._target.abort(upload_id)
         )
