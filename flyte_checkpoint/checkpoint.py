@@ -24,7 +24,7 @@ from flyte_checkpoint.errors import (
 )
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.resume import MAX_WALK_BACK, RestoredFrom, restore_newest
+from flyte_checkpoint.resume import MAX_WALK_BACK, RestoredFrom, discard_earlier_uploads, restore_newest
 from flyte_checkpoint.saving import Destination, SaveScheduler
 from flyte_checkpoint.storage import (
     Backend,
@@ -169,6 +169,7 @@ class Checkpoint(BaseCheckpoint):
         self._load_lock = threading.Lock()
         self._loaded = False
         self._restored: Path | None = None
+        self._earlier_uploads_discarded = False
         self._saves = SaveScheduler(Destination(dest, self._dest_backend, self._retry, compression_level))
 
     # -- locations --------------------------------------------------------------------------
@@ -293,6 +294,7 @@ class Checkpoint(BaseCheckpoint):
                 self._restored = self._restore(progress)
                 self._loaded = True
                 self._open_destination_early()
+                self._discard_earlier_uploads()
             if self._restored is None:
                 return None
             return self._workspace.keep_alive(self._restored)
@@ -319,6 +321,16 @@ class Checkpoint(BaseCheckpoint):
         threading.Thread(
             target=open_destination, name="flyte-checkpoint-open-destination", daemon=True
         ).start()
+
+    def _discard_earlier_uploads(self) -> None:
+        """Abort, in the background, what killed saves of earlier attempts left unfinished on
+        the store (:func:`~flyte_checkpoint.resume.discard_earlier_uploads`): once per helper,
+        at its first load or save, which is where an attempt starts."""
+        if self._earlier_uploads_discarded:
+            return
+        self._earlier_uploads_discarded = True
+        run_name, action_name = self._attempt_names
+        discard_earlier_uploads(self._dest_backend, self._dest, run_name=run_name, action_name=action_name)
 
     async def load(self, *, progress: ProgressCallback | None = None) -> Path | None:
         """Async :meth:`load_sync`: the work runs in a thread, so the event loop never stalls."""
@@ -389,6 +401,7 @@ class Checkpoint(BaseCheckpoint):
         self._workspace.ensure_open()
         content = _validated(data)
         self._refuse_destination_inside(content)
+        self._discard_earlier_uploads()
         self._saves.save(content, background=background, progress=progress)
 
     def _refuse_destination_inside(self, content: bytes | Path) -> None:

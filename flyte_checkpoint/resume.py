@@ -15,11 +15,18 @@ What each kind of failure means on the way:
   the error is raised, naming them.
 * anything else (storage unreachable after retries, permissions, a timeout): raised at once.
   "Storage is down" never reads as "this attempt did not save".
+
+Earlier attempts are also where a killed save's unfinished upload stays (an incomplete S3
+multipart upload, GCS temporary part objects): no later save goes to their keys, so the
+stale-upload sweep of a save never meets it. :func:`discard_earlier_uploads` removes those of
+the same earlier attempts when the next attempt starts: those attempts have ended (a retry
+starts only after its attempt failed).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,11 +36,11 @@ from flyte_checkpoint.errors import CheckpointCorruptError, add_context
 from flyte_checkpoint.storage import Backend
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import holds_checkpoint
-from flyte_checkpoint.uris import AttemptURI
+from flyte_checkpoint.uris import AttemptURI, attempt_uris
 
 logger = logging.getLogger("flyte_checkpoint")
 
-__all__ = ["MAX_WALK_BACK", "RestoredFrom", "restore_newest"]
+__all__ = ["MAX_WALK_BACK", "RestoredFrom", "discard_earlier_uploads", "restore_newest"]
 
 MAX_WALK_BACK = 16
 """How many attempts before the previous one a load looks at, at most (one request each)."""
@@ -138,3 +145,51 @@ def _all_damaged(damaged: list[tuple[AttemptURI, CheckpointCorruptError]]) -> Ch
     )
     combined.__cause__ = damaged[0][1]
     return combined
+
+
+_discarded_for: set[str] = set()
+"""Destinations whose earlier attempts' uploads this process discards (or discarded): once each."""
+_discarded_lock = threading.Lock()
+
+
+def discard_earlier_uploads(
+    backend: Backend, dest: str, *, run_name: str | None, action_name: str | None
+) -> threading.Thread | None:
+    """Abort, in a background thread, the unfinished uploads earlier attempts left at their keys.
+
+    ``dest`` is this attempt's checkpoint; when it follows a per-attempt layout
+    (:func:`~flyte_checkpoint.uris.attempt_uris`), the same checkpoint of up to
+    :data:`MAX_WALK_BACK` attempts before it is cleaned, where the store keeps such uploads
+    (:attr:`Backend.keeps_unfinished_uploads`). Their committed checkpoints stay. Once per
+    process and destination; best effort, one request or two per attempt: what fails is logged
+    at DEBUG (a later attempt tries again, and a bucket lifecycle rule is the backstop).
+    Returns the thread, or ``None`` when there is nothing to do.
+    """
+    if not backend.keeps_unfinished_uploads:
+        return None
+    earlier = attempt_uris(dest, run_name=run_name, action_name=action_name, earlier=MAX_WALK_BACK)[1:]
+    if not earlier:
+        return None
+    with _discarded_lock:
+        if dest in _discarded_for:
+            return None
+        _discarded_for.add(dest)
+
+    def discard() -> None:
+        for candidate in earlier:
+            try:
+                count = backend.discard_unfinished_uploads(candidate.uri)
+            except Exception as exc:
+                logger.debug("could not discard the unfinished uploads to %s: %s", candidate.uri, exc)
+                continue
+            if count:
+                logger.info(
+                    "discarded %d unfinished upload(s) attempt %s left at %s",
+                    count,
+                    candidate.attempt,
+                    candidate.uri,
+                )
+
+    thread = threading.Thread(target=discard, name="flyte-checkpoint-earlier-uploads", daemon=True)
+    thread.start()
+    return thread

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from flyte_checkpoint import (
     TaskContext,
     repair_prev_checkpoint_uri,
 )
-from flyte_checkpoint.resume import MAX_WALK_BACK
+from flyte_checkpoint.resume import MAX_WALK_BACK, discard_earlier_uploads
 from flyte_checkpoint.storage import backend_for
 from flyte_checkpoint.uris import AttemptURI, attempt_uris, flyte_shard
 from tests.fault_proxy import FaultProxy, status
@@ -355,3 +356,67 @@ def test_the_task_context_helper_resumes_from_the_newest_attempt_that_saved(
         assert restored is not None
         assert restored.read_bytes() == b"state of attempt 1"
         assert checkpoint.restored_from == RestoredFrom(uri=flyte_uri(bucket, 1), attempt=2)
+
+
+# -- unfinished uploads that earlier attempts left ---------------------------------------------
+
+
+def leave_upload(server: StorageServer, uri: str) -> str:
+    """An incomplete multipart upload at ``uri``, as a save SIGKILLed mid-upload leaves it."""
+    fs = server.filesystem()
+    bucket, key, _ = fs.split_path(uri)
+    return str(fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"])
+
+
+def uploads_at(server: StorageServer, uri: str) -> list[str]:
+    fs = server.filesystem()
+    bucket, key, _ = fs.split_path(uri)
+    page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
+    return [str(upload["UploadId"]) for upload in page.get("Uploads", []) if upload["Key"] == key]
+
+
+def discard_before(bucket: str, attempt: int, options: dict[str, Any]) -> threading.Thread | None:
+    dest = flyte_uri(bucket, attempt)
+    return discard_earlier_uploads(backend_for(dest, options), dest, run_name=RUN, action_name=ACTION)
+
+
+def test_the_unfinished_uploads_of_every_earlier_attempt_are_discarded_and_this_attempts_kept(
+    bucket: str, options: dict[str, Any], s3_server: StorageServer
+) -> None:
+    for attempt in (0, 1, 2):
+        leave_upload(s3_server, flyte_uri(bucket, attempt))
+    own = leave_upload(s3_server, flyte_uri(bucket, 3))
+    thread = discard_before(bucket, 3, options)
+    assert thread is not None
+    thread.join(60)
+    assert [uploads_at(s3_server, flyte_uri(bucket, attempt)) for attempt in (0, 1, 2, 3)] == [
+        [],
+        [],
+        [],
+        [own],
+    ]
+
+
+def test_earlier_attempts_are_cleaned_once_per_process_and_destination(
+    bucket: str, options: dict[str, Any], s3_server: StorageServer
+) -> None:
+    first = discard_before(bucket, 1, options)
+    assert first is not None
+    first.join(60)
+    later = leave_upload(s3_server, flyte_uri(bucket, 0))
+    assert discard_before(bucket, 1, options) is None
+    assert uploads_at(s3_server, flyte_uri(bucket, 0)) == [later]
+
+
+def test_no_clean_up_starts_without_earlier_attempts_or_on_local_disk(
+    bucket: str, options: dict[str, Any], tmp_path: Path
+) -> None:
+    s3_backend = backend_for(f"s3://{bucket}/no/attempts/checkpoint", options)
+    assert (
+        discard_earlier_uploads(
+            s3_backend, f"s3://{bucket}/no/attempts/checkpoint", run_name=RUN, action_name=ACTION
+        )
+        is None
+    )
+    local = str(tmp_path / RUN / ACTION / "3" / "checkpoint")
+    assert discard_earlier_uploads(backend_for(local), local, run_name=RUN, action_name=ACTION) is None

@@ -98,6 +98,8 @@ class AzureBlob:
         self.uri = uri
         self._container, self._blob, self._version_id = fs.split_path(uri)
         self.max_parts = MAX_BLOCKS
+        self.lost_creates = 0
+        """Always 0: starting an upload sends no request (see :meth:`create`)."""
         self._client: Any = None
 
     @property
@@ -154,6 +156,19 @@ class AzureBlob:
 
     async def sweep_stale(self, keep: str, older_than: float) -> int:
         """Nothing to sweep: Azure offers no way to discard uncommitted blocks but a commit."""
+        return 0
+
+    async def unfinished(self) -> list[str]:
+        # An upload is only a block-id prefix this process chose: no answer can be lost.
+        return []
+
+    async def holds_parts(self, upload_id: str) -> bool:
+        return False  # never asked: unfinished() lists nothing
+
+    async def discard_unfinished(self) -> int:
+        """Nothing to discard (see the module docstring): only a commit discards uncommitted
+        blocks, and a commit here would replace the object an earlier attempt saved (or create
+        an empty one a load would take for a checkpoint). Azure deletes them after 7 days."""
         return 0
 
     # downloads

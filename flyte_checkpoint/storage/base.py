@@ -375,6 +375,10 @@ class Backend(abc.ABC):
     records_digest_only_when_declared = False
     """True where the digest must be known before the upload starts to be stored with the object
     (S3 and GCS take metadata when the upload begins); callers then declare it up front."""
+    keeps_unfinished_uploads = False
+    """True where a save killed mid-upload leaves something behind on the store that no later
+    save to another object removes (S3's incomplete multipart uploads, GCS's temporary part
+    objects): :meth:`discard_unfinished_uploads` removes it."""
 
     @abc.abstractmethod
     def open_write(
@@ -447,6 +451,15 @@ class Backend(abc.ABC):
         if reader is None:
             raise FileNotFoundError(src)
         copy_stream(reader, self, dst)
+
+    def discard_unfinished_uploads(self, uri: str) -> int:
+        """Abort every unfinished upload to the object at ``uri``; how many there were.
+
+        Only for an object no writer is saving any more (an earlier attempt's checkpoint): a
+        save in progress there would fail. The object itself is left as it is. Nothing to do
+        where :attr:`keeps_unfinished_uploads` is false.
+        """
+        return 0
 
     @abc.abstractmethod
     def delete(self, uri: str) -> None:

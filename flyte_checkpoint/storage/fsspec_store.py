@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Protocol, cast
 
+from fsspec.asyn import sync
 from pydantic import ValidationError
 
 from flyte_checkpoint.errors import BackendNotInstalledError
@@ -276,6 +277,12 @@ class FsspecBackend(Backend):
             return
         with self._bounded(dst, "copying"):
             self.fs.copy(src, dst)  # CopyObject / rewrite: atomic at dst, keeps the metadata
+
+    def discard_unfinished_uploads(self, uri: str) -> int:
+        if not self.keeps_unfinished_uploads:
+            return 0
+        with self._bounded(uri, "discarding the unfinished uploads to"):
+            return int(sync(self.fs.loop, self.parallel_object(uri).discard_unfinished))
 
     def delete(self, uri: str) -> None:
         with self._bounded(uri, "deleting"), contextlib.suppress(FileNotFoundError):

@@ -25,6 +25,7 @@ class GCSBackend(FsspecBackend):
 
     protocol = "gs"
     profile = PROFILE
+    keeps_unfinished_uploads = True
 
     def _check_options(self, options: Mapping[str, Any]) -> None:
         check_gcs_token(options)

@@ -20,7 +20,10 @@ Temporary objects live under a hidden prefix beside the destination,
 ``<destination>.fc-parts/<upload id>/``, which :meth:`~.gcs.GCSBackend.list_prefix` leaves out
 of listings. They are deleted when the save completes and when it fails; those a killed save
 left behind are deleted by the next large save to the same destination once older than
-``stale_upload_age`` (:meth:`GCSObject.sweep_stale`), an age read on the store's clock.
+``stale_upload_age`` (:meth:`GCSObject.sweep_stale`), an age read on the store's clock, and
+those at an earlier attempt's checkpoint when the next attempt starts
+(:meth:`GCSObject.discard_unfinished`, see :func:`flyte_checkpoint.resume.discard_earlier_uploads`).
+Starting an upload sends no request, so unlike S3 no upload can exist whose id did not come back.
 
 Loads. The object's metadata first (size, generation, our metadata), then ranged media GETs
 pinned with ``generation=``: once the object has been replaced that generation is gone (404),
@@ -103,6 +106,8 @@ class GCSObject:
         self._bucket, self._key, generation = fs.split_path(uri)
         self._generation = str(generation) if generation else None
         self.max_parts = MAX_PARTS
+        self.lost_creates = 0
+        """Always 0: starting an upload sends no request (see :meth:`create`)."""
         self._crc32c: str | None = None
         """The whole object's CRC32C as its description gave it: each range is checked against it."""
         self._part_requests: set[asyncio.Task[str]] = set()
@@ -284,6 +289,22 @@ class GCSObject:
         # Listed, not remembered: a part whose response was lost exists all the same.
         parts, _ = await self._list(self._parts_prefix(upload_id))
         await self._delete_all([item["name"] for item in parts])
+
+    async def unfinished(self) -> list[str]:
+        # An upload is only a name this process chose (create() asks the server nothing), so no
+        # answer can be lost: there is never an upload of this save whose id is unknown.
+        return []
+
+    async def holds_parts(self, upload_id: str) -> bool:
+        parts, _ = await self._list(self._parts_prefix(upload_id))
+        return bool(parts)
+
+    async def discard_unfinished(self) -> int:
+        """Delete every save's temporary objects of this destination; the count of saves."""
+        base = self._parts_prefix()
+        items, _ = await self._list(base)
+        await self._delete_all([str(item["name"]) for item in items])
+        return len({str(item["name"])[len(base) :].split("/", 1)[0] for item in items})
 
     async def sweep_stale(self, keep: str, older_than: float) -> int:
         """Delete the temporary objects that killed saves to this object left (not ``keep``'s).

@@ -17,8 +17,10 @@ Atomicity: an upload becomes visible only when the store completes it (S3:
 CompleteMultipartUpload, or the single PutObject of an object smaller than one part), which
 happens in :meth:`ParallelWriter.commit` after every part succeeded. Any failure, abort or
 ``KeyboardInterrupt`` cancels the parts in flight and aborts the upload; the previous object
-stays. A download is pinned to the version its first response described: a replacement that
-lands meanwhile fails the load (:class:`ObjectReplacedError`) instead of mixing versions.
+stays. An upload started by a request whose answer was lost is aborted too
+(:meth:`ParallelWriter._discard_strays`). A download is pinned to the version its first
+response described: a replacement that lands meanwhile fails the load
+(:class:`ObjectReplacedError`) instead of mixing versions.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ _GATE_POLL = 0.02
 _PART_GROWTH = 1024
 """An upload of unknown length makes each part at least 1/1024 of what was written before it, so
 an object of any size the store accepts fits in its part limit (S3: 5 TiB in 10,000 parts)."""
+_LISTING_BOUND = 10.0
+"""Seconds the listing of an object's uploads before a multipart upload starts may take; past
+it the upload starts without it (and cannot abort uploads whose start went unanswered)."""
 
 
 def transfer_memory(settings: TransferSettings) -> int:
@@ -300,6 +305,21 @@ class UploadTarget(Protocol):
     async def sweep_stale(self, keep: str, older_than: float) -> int:
         """Abort other uploads to this object started more than ``older_than`` s ago; their count."""
 
+    @property
+    def lost_creates(self) -> int:
+        """Requests to start an upload that the client retried after their answer was lost (each
+        may have started an upload whose id never came back); 0 where starting sends none."""
+
+    async def unfinished(self) -> list[str]:
+        """The ids of the uploads to this object not yet completed or aborted, in the order they
+        were started; empty where no upload can start without its id coming back."""
+
+    async def holds_parts(self, upload_id: str) -> bool:
+        """Whether the upload has stored a part (absent: ``False``)."""
+
+    async def discard_unfinished(self) -> int:
+        """Abort every unfinished upload to this object (only for one no writer is saving); their count."""
+
 
 class RangeBody(Protocol):
     """A response body being received (aiobotocore's ``StreamingBody`` is one)."""
@@ -452,6 +472,10 @@ class ParallelWriter(ObjectWriter):
         # Touched only on the store's loop:
         self._created: asyncio.Task[str] | None = None
         self._sweep: asyncio.Task[int] | None = None
+        self._strays: asyncio.Task[None] | None = None
+        self._before: frozenset[str] | None = None
+        """The object's unfinished uploads before this writer started its own (``None``: unknown)."""
+        self._create_tries = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # caller's thread
@@ -655,13 +679,64 @@ class ParallelWriter(ObjectWriter):
             # Outside every deadline (the client's request timeouts bound it): when a deadline
             # cancelled the create in flight, the upload could exist on the store with no id
             # to abort it by, and the abort found nothing ("CancelledError") and left it behind.
-            self._created = outside_deadlines(
-                _with_retries(self._policy, describe, lambda: self._target.create(self._metadata_at_start))
-            )
+            self._created = outside_deadlines(self._start_upload(describe))
         upload_id = await asyncio.shield(self._created)
         if self._sweep is None:
             self._sweep = asyncio.ensure_future(self._sweep_stale(upload_id))
+            if self._create_tries > 1 or self._target.lost_creates:
+                self._strays = asyncio.ensure_future(self._discard_strays(upload_id))
         return upload_id
+
+    async def _start_upload(self, describe: str) -> str:
+        # The uploads already there are not this writer's: only those that appear after this
+        # listing can be the ones a create whose answer was lost started (_discard_strays).
+        try:
+            self._before = frozenset(await asyncio.wait_for(self._target.unfinished(), _LISTING_BOUND))
+        except Exception as exc:  # no permission to list uploads, say: the save goes on without
+            logger.debug("could not list the unfinished uploads to %s: %r", self.uri, exc)
+
+        def create() -> Awaitable[str]:
+            self._create_tries += 1
+            return self._target.create(self._metadata_at_start)
+
+        return await _with_retries(self._policy, describe, create)
+
+    async def _settle_strays(self) -> None:
+        """Let :meth:`_discard_strays` of this writer's own upload end, within a bound: it must
+        run while that upload is listed, and may not hold up the commit or the abort for long."""
+        if self._strays is not None:
+            await asyncio.wait({self._strays}, timeout=_LISTING_BOUND)
+            self._strays.cancel()
+
+    async def _discard_strays(self, keep: str | None) -> None:
+        """Abort the uploads this writer started whose ids never came back to it.
+
+        A request to start an upload whose answer is lost (a reset, a timeout) may have started
+        one all the same, and a retry starts another: what it started has an id only the
+        store knows. Such an upload is one the listing before the first request did not show,
+        that has no part (nothing can send a part without its id) and, when this writer's own
+        upload ``keep`` did start, that began before it (S3 lists one key's uploads oldest
+        first). Another writer's upload to the same object is left alone unless it began within
+        this writer's unanswered requests and has not stored a part yet. Best effort: a failure
+        is logged, never raised over the save's own outcome.
+        """
+        if self._before is None:
+            return
+        try:
+            listed = await self._target.unfinished()
+            if keep is not None:
+                if keep not in listed:
+                    return  # nothing to tell which ones began before this writer's own
+                listed = listed[: listed.index(keep)]
+            for upload_id in listed:
+                if upload_id in self._before or await self._target.holds_parts(upload_id):
+                    continue
+                await self._target.abort(upload_id)
+                logger.info(
+                    "aborted upload %s to %s, started by a request whose answer was lost", upload_id, self.uri
+                )
+        except Exception as exc:
+            logger.warning("could not abort the uploads to %s whose start went unanswered: %r", self.uri, exc)
 
     async def _sweep_stale(self, keep: str) -> int:
         # A failure here (e.g. no permission to list uploads) must not fail the save.
@@ -709,6 +784,7 @@ class ParallelWriter(ObjectWriter):
 
     async def _complete(self, receipts: Sequence[tuple[int, str]]) -> None:
         upload_id = await self._upload_id()
+        await self._settle_strays()  # while this writer's own upload is listed to tell them by
         await _with_retries(
             self._policy,
             f"completing the upload of {self.uri}",
@@ -726,7 +802,10 @@ class ParallelWriter(ObjectWriter):
         try:
             upload_id = await self._created
         except (Exception, asyncio.CancelledError):
-            return  # it never started
+            # No id came back, yet a request may have started an upload all the same.
+            await self._discard_strays(None)
+            return
+        await self._settle_strays()
         await _with_retries(
             self._policy, f"aborting the upload of {self.uri}", lambda: self._target.abort(upload_id)
         )

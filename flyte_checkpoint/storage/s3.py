@@ -41,6 +41,7 @@ class S3Backend(FsspecBackend):
 
     protocol = "s3"
     profile = PROFILE
+    keeps_unfinished_uploads = True
 
     def _defaults(self, transfer: TransferSettings) -> Mapping[str, Any]:
         # botocore's pool would make parts beyond its 10 connections queue for one.

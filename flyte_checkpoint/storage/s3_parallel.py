@@ -86,6 +86,7 @@ class S3Object:
         self.uri = uri
         self._bucket, self._key, self._version_id = fs.split_path(uri)
         self.max_parts = MAX_PARTS
+        self.lost_creates = 0
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -144,6 +145,9 @@ class S3Object:
 
     async def create(self, metadata: Mapping[str, str]) -> str:
         response = await self._call("create_multipart_upload", Metadata=dict(metadata))
+        # botocore's retries of this request: each try whose answer was lost (a reset, a
+        # timeout) may have started an upload whose id never came back.
+        self.lost_creates += int(response.get("ResponseMetadata", {}).get("RetryAttempts") or 0)
         return str(response["UploadId"])
 
     async def upload_part(self, upload_id: str, number: int, body: PartBody) -> str:
@@ -164,6 +168,42 @@ class S3Object:
             if _code(exc) != "NoSuchUpload":
                 raise
 
+    async def _listed(self) -> list[tuple[str, datetime | None]]:
+        """This key's unfinished uploads (exact key), oldest first as S3 lists them, with their starts."""
+        found: list[tuple[str, datetime | None]] = []
+        markers: dict[str, str] = {}
+        client = await self._client()
+        while True:
+            page = await client.list_multipart_uploads(Bucket=self._bucket, Prefix=self._key, **markers)
+            for upload in page.get("Uploads", []):
+                if upload.get("Key") == self._key:
+                    initiated = upload.get("Initiated")
+                    found.append(
+                        (str(upload["UploadId"]), initiated if isinstance(initiated, datetime) else None)
+                    )
+            if not page.get("IsTruncated"):
+                return found
+            markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+    async def unfinished(self) -> list[str]:
+        # S3 lists the uploads of one key in the order they were started.
+        return [upload_id for upload_id, _ in await self._listed()]
+
+    async def holds_parts(self, upload_id: str) -> bool:
+        try:
+            page = await self._call("list_parts", UploadId=upload_id, MaxParts=1)
+        except Exception as exc:
+            if _code(exc) == "NoSuchUpload":
+                return False
+            raise
+        return bool(page.get("Parts"))
+
+    async def discard_unfinished(self) -> int:
+        listed = await self.unfinished()
+        for upload_id in listed:
+            await self.abort(upload_id)
+        return len(listed)
+
     async def sweep_stale(self, keep: str, older_than: float) -> int:
         """Abort the incomplete uploads to this key that killed saves left (not ``keep``).
 
@@ -171,25 +211,14 @@ class S3Object:
         (this save's own upload), so a client whose clock runs ahead cannot make another save's
         running upload look stale. The client's clock is used only if ``keep`` is not listed.
         """
-        others: list[tuple[str, datetime]] = []
-        started: datetime | None = None
-        markers: dict[str, str] = {}
-        client = await self._client()
-        while True:
-            page = await client.list_multipart_uploads(Bucket=self._bucket, Prefix=self._key, **markers)
-            for upload in page.get("Uploads", []):
-                initiated = upload.get("Initiated")
-                if upload.get("Key") != self._key or not isinstance(initiated, datetime):
-                    continue
-                if upload.get("UploadId") == keep:
-                    started = initiated
-                else:
-                    others.append((str(upload["UploadId"]), initiated))
-            if not page.get("IsTruncated"):
-                break
-            markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+        listed = await self._listed()
+        started = next((initiated for upload_id, initiated in listed if upload_id == keep), None)
         cutoff = (started or datetime.now(timezone.utc)) - timedelta(seconds=older_than)
-        stale = [upload_id for upload_id, initiated in others if initiated <= cutoff]
+        stale = [
+            upload_id
+            for upload_id, initiated in listed
+            if upload_id != keep and initiated is not None and initiated <= cutoff
+        ]
         for upload_id in stale:
             await self.abort(upload_id)
         return len(stale)

@@ -4,7 +4,8 @@ Run from the repository root::
 
     python -m tests.crash.workers save --kind bytes|file|dir --source PATH --dest URI
                                       [--start-at T] [--fsize-limit BYTES]
-    python -m tests.crash.workers load --src URI [--start-at T]
+    python -m tests.crash.workers load --src URI [--start-at T] [--dest URI --run-name RUN
+                                      --action-name ACTION] [--linger SECONDS]
     python -m tests.crash.workers serve [MODULE ...]
 
 Storage options (endpoint, credentials) come as JSON in ``$FLYTE_CHECKPOINT_CRASH_STORAGE_OPTIONS``.
@@ -142,7 +143,12 @@ def _load(args: argparse.Namespace) -> None:
     from flyte_checkpoint import Checkpoint
 
     checkpoint = Checkpoint(
-        "unused-destination", args.src, storage_options=storage_options_from_env(), repair_prev_uri=False
+        args.dest,
+        args.src,
+        storage_options=storage_options_from_env(),
+        repair_prev_uri=False,
+        run_name=args.run_name,
+        action_name=args.action_name,
     )
     _say("ready")
     _wait_until(args.start_at)
@@ -152,6 +158,7 @@ def _load(args: argparse.Namespace) -> None:
         _say("none")
     else:
         _say("restored", content_digest(restored), restored)
+    time.sleep(args.linger)  # an attempt goes on after its load: its background work with it
 
 
 # -- the zygote -------------------------------------------------------------------------------
@@ -229,6 +236,10 @@ def _parser() -> argparse.ArgumentParser:
     load = commands.add_parser("load", help="load one checkpoint, narrating progress")
     load.add_argument("--src", required=True)
     load.add_argument("--start-at", type=float, help="time.monotonic() at which to start")
+    load.add_argument("--dest", default="unused-destination", help="where this attempt would save")
+    load.add_argument("--run-name", help="the run's name (per-attempt layouts)")
+    load.add_argument("--action-name", help="the action's name (per-attempt layouts)")
+    load.add_argument("--linger", type=float, default=0.0, help="seconds to stay alive after loading")
     serve = commands.add_parser("serve", help="fork workers on request (see the module docstring)")
     serve.add_argument("preload", nargs="*", help="modules to import before forking")
     return parser

@@ -98,3 +98,16 @@ class FaultyTarget(Wrapped):
 
     async def sweep_stale(self, keep: str, older_than: float) -> int:
         return int(await self.real.sweep_stale(keep, older_than))
+
+    @property
+    def lost_creates(self) -> int:
+        return int(self.real.lost_creates)
+
+    async def unfinished(self) -> list[str]:
+        return list(await self.real.unfinished())
+
+    async def holds_parts(self, upload_id: str) -> bool:
+        return bool(await self.real.holds_parts(upload_id))
+
+    async def discard_unfinished(self) -> int:
+        return int(await self.real.discard_unfinished())

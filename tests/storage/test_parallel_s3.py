@@ -46,6 +46,7 @@ from flyte_checkpoint.storage.parallel import (
 )
 from flyte_checkpoint.storage.s3 import S3Backend
 from flyte_checkpoint.storage.s3_parallel import S3Object, open_s3_reader, open_s3_writer
+from tests.fault_proxy import FaultProxy, drop_before_response
 from tests.storage.parallel_faults import FaultyTarget, Wrapped
 from tests.storage_servers import StorageServer, create_bucket
 
@@ -417,6 +418,97 @@ def test_a_save_leaves_uploads_to_other_keys_alone(bucket: Bucket) -> None:
     save_in_parts(bucket, "obj", SETTINGS.model_copy(update={"stale_upload_age": 0}))
     assert bucket.uploads("obj-other") == [other]
     bucket.call("abort_multipart_upload", Key="obj-other", UploadId=other)
+
+
+# -- uploads started by a request whose answer was lost ----------------------------------------
+# A proxy drops the answer to CreateMultipartUpload after moto has started the upload: the id
+# never reaches the client, and botocore's retry (max_attempts 3) starts another.
+
+_CREATE = {"method": "POST", "path_contains": "?uploads"}
+
+
+@pytest.fixture
+def cut_bucket(s3_server: StorageServer) -> Iterator[tuple[Bucket, Bucket, FaultProxy]]:
+    """One bucket seen directly and through a fault proxy: (direct, proxied, proxy)."""
+    direct = new_bucket(s3_server, "cut")
+    with FaultProxy(upstream=("127.0.0.1", s3_server.port)) as proxy:
+        proxied = S3Backend(
+            {
+                **s3_server.storage_options,
+                "endpoint_url": proxy.url,
+                "config_kwargs": {"read_timeout": 5, "retries": {"max_attempts": 3, "mode": "standard"}},
+                "skip_instance_cache": True,
+            }
+        )
+        yield direct, Bucket(direct.name, proxied.fs, s3_server), proxy
+
+
+def test_a_save_whose_upload_never_started_for_the_client_aborts_what_its_requests_started(
+    cut_bucket: tuple[Bucket, Bucket, FaultProxy],
+) -> None:
+    direct, proxied, proxy = cut_bucket
+    proxy.add_fault(drop_before_response(), times=None, **_CREATE)
+    with pytest.raises(CheckpointUnavailableError):
+        save(proxied, "obj", os.urandom(PART + 1))
+    starts = [r for r in proxy.requests if r.method == "POST" and "?uploads" in r.path]
+    assert len(starts) > 1 and all(r.upstream_status == 200 for r in starts)  # each started one
+    assert direct.uploads("obj") == []
+
+
+def test_a_save_whose_first_start_went_unanswered_lands_and_leaves_no_upload(
+    cut_bucket: tuple[Bucket, Bucket, FaultProxy],
+) -> None:
+    direct, proxied, proxy = cut_bucket
+    data = os.urandom(PART + 1)
+    proxy.add_fault(drop_before_response(), times=1, **_CREATE)
+    save(proxied, "obj", data)
+    assert stored(direct, "obj") == data
+    assert direct.uploads("obj") == []
+
+
+def test_another_writers_upload_to_the_same_key_outlives_a_save_whose_start_went_unanswered(
+    cut_bucket: tuple[Bucket, Bucket, FaultProxy],
+) -> None:
+    direct, proxied, proxy = cut_bucket
+    running = leftover_upload(direct, "obj")  # started before this save: never one of its own
+    proxy.add_fault(drop_before_response(), times=None, **_CREATE)
+    with pytest.raises(CheckpointUnavailableError):
+        save(proxied, "obj", os.urandom(PART + 1))
+    assert direct.uploads("obj") == [running]
+    direct.call("abort_multipart_upload", Key="obj", UploadId=running)
+
+
+def test_an_upload_holding_parts_is_never_taken_for_one_whose_start_went_unanswered(
+    cut_bucket: tuple[Bucket, Bucket, FaultProxy],
+) -> None:
+    # Another writer that starts while this save's start is unanswered, and has stored a part:
+    # it knows its id, so it is not one of this save's.
+    direct, proxied, proxy = cut_bucket
+    proxy.add_fault(drop_before_response(), times=None, **_CREATE)
+    target = AnotherWriterStarts(S3Object(proxied.fs, proxied.uri("obj")), direct=direct)
+    with pytest.raises(CheckpointUnavailableError):
+        faulty_save(target, os.urandom(PART + 1), SETTINGS)
+    assert direct.uploads("obj") == target.others
+    direct.call("abort_multipart_upload", Key="obj", UploadId=target.others[0])
+
+
+@dataclass
+class AnotherWriterStarts(FaultyTarget):
+    """Before this save's first request to start its upload, another writer starts one to the
+    same key and stores a part in it."""
+
+    direct: Bucket | None = None
+    others: list[str] = field(default_factory=list)
+
+    def _another_writer_starts(self) -> None:
+        assert self.direct is not None
+        self.others.append(leftover_upload(self.direct, "obj"))
+        self.direct.call("upload_part", Key="obj", UploadId=self.others[0], PartNumber=1, Body=b"part")
+
+    async def create(self, metadata: Mapping[str, str]) -> str:
+        if not self.others:
+            await asyncio.to_thread(self._another_writer_starts)
+        return await super().create(metadata)
 
 
 # -- settings -----------------------------------------------------------------------------------
