@@ -451,7 +451,8 @@ def test_a_save_whose_upload_never_started_for_the_client_aborts_what_its_reques
     with pytest.raises(CheckpointUnavailableError):
         save(proxied, "obj", os.urandom(PART + 1))
     starts = [r for r in proxy.requests if r.method == "POST" and "?uploads" in r.path]
-    assert len(starts) > 1 and all(r.upstream_status == 200 for r in starts)  # each started one
+    assert len(starts) > 1
+    assert all(r.upstream_status == 200 for r in starts)  # each started one
     assert direct.uploads("obj") == []
 
 
