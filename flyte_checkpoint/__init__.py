@@ -46,6 +46,7 @@ from flyte_checkpoint.runners import (
     run_with_retries,
     run_with_retries_async,
 )
+from flyte_checkpoint.saving import SaveTimes
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import PAYLOAD_BASENAME
@@ -83,6 +84,7 @@ __all__ = [
     "RestoredFrom",
     "RetryPolicy",
     "SaveData",
+    "SaveTimes",
     "StorageOptions",
     "TaskContext",
     "UnsafeArchiveError",

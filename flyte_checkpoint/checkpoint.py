@@ -25,7 +25,7 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.resume import MAX_WALK_BACK, RestoredFrom, discard_earlier_uploads, restore_newest
-from flyte_checkpoint.saving import Destination, SaveScheduler
+from flyte_checkpoint.saving import Destination, SaveScheduler, SaveTimes
 from flyte_checkpoint.storage import (
     Backend,
     StorageOptions,
@@ -219,6 +219,17 @@ class Checkpoint(BaseCheckpoint):
         if current is not None:
             self._saves.take_over(current)
         return current is not None
+
+    @property
+    def last_save(self) -> SaveTimes | None:
+        """What the newest save of this helper that committed cost, or ``None`` before one did.
+
+        Split as torch DCP splits it: :attr:`~SaveTimes.staged_seconds`, how long the call kept
+        the task (a background save: its snapshot), and :attr:`~SaveTimes.durable_seconds`, until
+        the object committed; :attr:`~SaveTimes.copied_bytes` is what the snapshot had to copy
+        instead of hard-linking (files seen rewritten in place, for one).
+        """
+        return self._saves.last_save
 
     def time_left(self) -> float | None:
         """Seconds until the expected SIGKILL, or ``None`` before a preemption notice."""

@@ -10,6 +10,7 @@ Nothing here imports the helper or the task context.
 
 from __future__ import annotations
 
+from flyte_checkpoint.saving.job import SaveTimes
 from flyte_checkpoint.saving.scheduler import Destination, SaveScheduler
 
-__all__ = ["Destination", "SaveScheduler"]
+__all__ = ["Destination", "SaveScheduler", "SaveTimes"]

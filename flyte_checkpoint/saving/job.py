@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flyte_checkpoint.progress import ProgressCallback
@@ -22,6 +23,20 @@ class SaveJob:
     snapshot: Snapshot
     ticket: int
     progress: ProgressCallback | None = None
+    asked_at: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when the caller asked for the save."""
+    staged_at: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when its content was fixed (the snapshot taken) and the caller could go on."""
+
+    def times(self, background: bool) -> SaveTimes:
+        """What this save cost, now that it committed."""
+        now = time.monotonic()
+        return SaveTimes(
+            background=background,
+            staged_seconds=(self.staged_at if background else now) - self.asked_at,
+            durable_seconds=now - self.asked_at,
+            copied_bytes=self.snapshot.copied_bytes,
+        )
 
     @property
     def content(self) -> bytes | Path:
@@ -31,3 +46,19 @@ class SaveJob:
     def discard(self) -> None:
         """Remove what the snapshot made for this save (a private copy), if anything."""
         self.snapshot.discard()
+
+
+@dataclass(frozen=True)
+class SaveTimes:
+    """What a committed save cost, split as torch DCP splits it: staged, then durable."""
+
+    background: bool
+    """Whether it was a background save."""
+    staged_seconds: float
+    """How long the save call kept the caller: for a background save, taking the snapshot (hard
+    links, plus :attr:`copied_bytes` copied); for a blocking save, the whole save."""
+    durable_seconds: float
+    """From the call to the commit: when the next attempt could load it."""
+    copied_bytes: int
+    """Bytes the snapshot copied instead of linking (files seen rewritten in place, files mapped
+    shared-writable, another filesystem); 0 for a blocking save."""

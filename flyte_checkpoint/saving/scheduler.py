@@ -22,7 +22,7 @@ from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.saving.background import BackgroundSaver
 from flyte_checkpoint.saving.budget import SaveBudget
-from flyte_checkpoint.saving.job import SaveJob
+from flyte_checkpoint.saving.job import SaveJob, SaveTimes
 from flyte_checkpoint.saving.order import CommitOrder, OrderedGate
 from flyte_checkpoint.saving.snapshot import Snapshot, take_snapshot
 from flyte_checkpoint.storage import Backend
@@ -59,6 +59,12 @@ class SaveScheduler:
         self._budget = SaveBudget()
         self._saver: BackgroundSaver | None = None
         self._held_for: notice.PreemptionNotice | None = None
+        self._last_save: SaveTimes | None = None
+
+    @property
+    def last_save(self) -> SaveTimes | None:
+        """What the newest save that committed cost (``None`` before one did)."""
+        return self._last_save
 
     @property
     def budget(self) -> SaveBudget:
@@ -73,13 +79,14 @@ class SaveScheduler:
     def save(self, content: bytes | Path, *, background: bool, progress: ProgressCallback | None) -> None:
         """Save ``content`` (validated by the caller), now or in the background."""
         uri = self._destination.uri
+        asked_at = time.monotonic()
         if background:
             self._budget.check_fits(content, uri, older_in_flight=self._uploading())
             saver = self._background_saver()
             ticket = self._order.ticket()
             with saver.paused():
                 snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
-            saver.submit(SaveJob(snapshot, ticket, progress))
+            saver.submit(SaveJob(snapshot, ticket, progress, asked_at=asked_at))
             return
         # After a notice the final save overtakes the background one in flight instead of waiting.
         overtaken = self._saver if notice.current_notice() is not None else None
@@ -91,7 +98,7 @@ class SaveScheduler:
             if overtaken is not None:
                 overtaken.release_hold()  # the older upload is now the one left to commit
             raise
-        job = SaveJob(Snapshot(content), self._order.ticket(), progress)
+        job = SaveJob(Snapshot(content), self._order.ticket(), progress, asked_at=asked_at)
         with overtaken.superseding() if overtaken is not None else contextlib.nullcontext():
             self._upload(job, None)
 
@@ -156,6 +163,14 @@ class SaveScheduler:
             try:
                 with self._budget.measure(job.content), snapshot.errors_for_the_caller():
                     save(destination.backend, destination.uri, request, retry=destination.retry)
+                self._last_save = times = job.times(background=pause is not None)
+                logger.debug(
+                    "saved %s: staged in %.3f s (%d bytes copied), durable after %.3f s",
+                    destination.uri,
+                    times.staged_seconds,
+                    times.copied_bytes,
+                    times.durable_seconds,
+                )
             except Exception as error:
                 # Once a newer save committed, this one is not a failure, whatever it raised (its
                 # SupersededError, or its transfer bound passing while it was paused): the

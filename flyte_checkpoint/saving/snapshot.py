@@ -72,6 +72,10 @@ class Snapshot:
     """The caller's path that ``data`` is a snapshot of; ``None`` when ``data`` is that path."""
     stamps: dict[str, _Stamp] = field(default_factory=dict)
     lock_fd: int | None = None
+    copied_bytes: int = 0
+    """Bytes this snapshot copied instead of linking (files rewritten in place before, mapped
+    shared-writable, or on a filesystem without hard links): the cost a background save's caller
+    waits for beyond the links."""
 
     @property
     def user_path(self) -> Path | None:
@@ -308,6 +312,7 @@ def _place_file(
         # A true copy: what a shared mapping writes later cannot reach it, and the kernel copies
         # (copy_file_range/sendfile) from the page cache, dirty mapped pages included.
         shutil.copy2(source, target, follow_symlinks=False)
+        snapshot.copied_bytes += os.lstat(target).st_size
 
 
 # /proc/<pid>/maps: "start-end perms offset major:minor inode   path"

@@ -96,3 +96,35 @@ def test_every_file_rewritten_in_place_during_one_discarded_save_is_copied_by_la
         held.release.set()
         helper.wait_sync()  # used to be discarded again for meta.json: one file learnt per discard
     assert restored_weights(tmp_path) == weights
+
+
+def test_a_committed_background_save_reports_its_staging_apart_from_its_upload(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
+    with Checkpoint(tmp_path / "ckpt") as helper:
+        assert helper.last_save is None
+        helper.save_sync(state, background=True)
+        helper.wait_sync()
+        linked = helper.last_save
+        saved_while_rewritten(helper, state, os.urandom(4 * MiB))
+        with pytest.raises(InputChangedError):
+            helper.wait_sync()
+        helper.save_sync(state, background=True)  # the snapshot copies the learnt file
+        helper.wait_sync()
+        copied = helper.last_save
+    assert linked is not None
+    assert linked.background
+    assert linked.copied_bytes == 0
+    assert 0 <= linked.staged_seconds <= linked.durable_seconds
+    assert copied is not None
+    assert copied.copied_bytes == 4 * MiB
+
+
+def test_a_committed_blocking_save_reports_the_whole_save_as_staging(tmp_path: Path) -> None:
+    with Checkpoint(tmp_path / "ckpt") as helper:
+        helper.save_sync(b"state")
+        times = helper.last_save
+    assert times is not None
+    assert not times.background
+    assert times.staged_seconds == times.durable_seconds
