@@ -1180,6 +1180,7 @@ def calibrate_in_run(
     scenario: str = PLAIN,
     label: str = "calibration",
     rounds: int = CALIBRATION_ROUNDS,
+    saves: int | None = None,
 ) -> InRun:
     """Durations of ours' final save after a notice, met in the run itself: what G is a multiple of.
 
@@ -1192,6 +1193,7 @@ def calibrate_in_run(
     finding, returned with how its attempts ended.
     """
     found = InRun([], {})
+    saves = args.calibration_saves if saves is None else saves
     # A notice that comes while the state is being written finds that step's save already sent
     # to the background (the documented loop), so that preemption has no blocking final save:
     # further rounds until there are ``--calibration-saves`` of them.
@@ -1205,7 +1207,7 @@ def calibrate_in_run(
             0.0,
             scenario,
         )
-        wanted = args.calibration_saves - len(found.durations)
+        wanted = saves - len(found.durations)
         supervisor = Supervisor(config, scale, store, processes, work, wanted, digest, args.seed)
         result = supervisor.run()
         if result.error:
@@ -1214,7 +1216,7 @@ def calibrate_in_run(
         for preemption in result.preemptions:
             ending = preemption.exception or preemption.exit
             found.endings[ending] = found.endings.get(ending, 0) + 1
-        if len(found.durations) >= args.calibration_saves:
+        if len(found.durations) >= saves:
             break
     if not found.durations and scenario == PLAIN:
         raise RuntimeError(
@@ -1616,6 +1618,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(default 2x+margin: twice the save, the step under way and the exit margin)",
     )
     parser.add_argument(
+        "--scenario-preemptions", type=int, help="per scenario configuration (default: --preemptions)"
+    )
+    parser.add_argument(
+        "--scenario-calibration-saves",
+        type=int,
+        help="final saves timed per scenario, in its own calibration run (default: --calibration-saves; "
+        "--quick: 1)",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="exit 0 when a target is not met (errors of the harness still exit 1)",
@@ -1658,6 +1669,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.preemptions = 3 if args.quick else MIN_PREEMPTIONS
     if args.calibration_saves is None:
         args.calibration_saves = 2 if args.quick else 10
+    if args.scenario_preemptions is None:
+        args.scenario_preemptions = args.preemptions
+    if args.scenario_calibration_saves is None:
+        args.scenario_calibration_saves = 1 if args.quick else args.calibration_saves
     args.scenarios = [s for s in args.scenarios.split(",") if s and s != "none"]
     if unknown := [s for s in args.scenarios if s not in SCENARIOS]:
         parser.error(f"unknown scenario: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
@@ -1672,8 +1687,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if not graces or min(grace.factor for grace in graces) <= 0:
             parser.error(f"--{option.replace('_', '-')} needs at least one multiple, each above 0")
         setattr(args, option, graces)
-    if min(args.preemptions, args.parallel, args.local_parallel, args.calibration_saves) < 1:
-        parser.error("--preemptions, --parallel, --local-parallel and --calibration-saves must be positive")
+    counts = ("preemptions", "scenario_preemptions", "parallel", "local_parallel", "calibration_saves")
+    if min(getattr(args, name) for name in (*counts, "scenario_calibration_saves")) < 1:
+        parser.error("--preemptions, --parallel, --local-parallel and the calibration saves must be positive")
     return args
 
 
@@ -1760,6 +1776,8 @@ def _main(
         "config": {
             "quick": args.quick,
             "preemptions": args.preemptions,
+            "scenario_preemptions": args.scenario_preemptions,
+            "scenarios": args.scenarios,
             "grace": [grace.label for grace in args.grace],
             "rate_mib": args.rate_mib,
             "rtt_ms": args.rtt_ms,
@@ -1774,9 +1792,14 @@ def _main(
     if args.json:
         print(json.dumps(report, indent=2))
     _report.write_json_out(args.json_out, "benchmarks/preemption.py", argv, report)
+    return exit_status(results, checks, args.report_only)
+
+
+def exit_status(results: list[ConfigResult], checks: list[Check], report_only: bool) -> int:
+    """1 if a configuration failed, or a target is not met (unless ``report_only``); else 0."""
     if any(result.error for result in results):
         return 1
-    return 0 if args.report_only or all(check.met is not False for check in checks) else 1
+    return 0 if report_only or all(check.met is not False for check in checks) else 1
 
 
 def parallel_for(storage: str, args: argparse.Namespace) -> int:
@@ -1835,13 +1858,21 @@ def prepare(
         if not configurations(store.name, name, [], scale, args):
             continue
         digest = baseline_digest(processes, scale, work)
-        own = calibrate_in_run(store, scale, processes, work, digest, args, name, rounds=2)
+        saves = args.scenario_calibration_saves
+        own = calibrate_in_run(store, scale, processes, work, digest, args, name, rounds=2, saves=saves)
         in_run, note = own.durations, ""
         if not in_run:
             # No final save of its own completed (the scenario broke them all): G from the
             # plain job's at the same scale, and the configurations show what breaks.
             in_run = calibrate_in_run(
-                store, scale, processes, work, digest, args, label=f"calibration-plain-for-{name}"
+                store,
+                scale,
+                processes,
+                work,
+                digest,
+                args,
+                label=f"calibration-plain-for-{name}",
+                saves=saves,
             ).durations
             note = (
                 " (no final save of its own completed in calibration; its attempts ended with "
@@ -1861,7 +1892,8 @@ def prepare(
             file=out,
         )
         supervisors += [
-            Supervisor(c, scale, store, processes, work, args.preemptions, digest, args.seed) for c in configs
+            Supervisor(c, scale, store, processes, work, args.scenario_preemptions, digest, args.seed)
+            for c in configs
         ]
         report["scenarios"][name] = {
             "scale": asdict(scale),
