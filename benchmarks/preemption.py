@@ -932,9 +932,12 @@ class Supervisor:
             if config.variant == "oneline":
                 self.result.blocking_saves_s.extend(_blocking_saves(events))
         elif not record.finished and not give_up:
+            # The job died by itself (in a scenario: the task the issue says must not die).
+            exception = record.first("exception")
+            raised = "" if exception is None else f"{exception['kind']}: {exception['message']}; "
             raise HarnessError(
                 f"{config.name} attempt {number} ended without a preemption (exit {process.exitcode}): "
-                f"{_tail(spec['stderr'])}"
+                f"{raised}{_tail(spec['stderr'])}"
             )
         return record
 
@@ -1010,16 +1013,17 @@ class Supervisor:
         def group_gone() -> bool:
             return not group or not _group_members(process.pid)
 
-        ended = bool(multiprocessing.connection.wait([process.sentinel], grace))
+        in_time = ended = bool(multiprocessing.connection.wait([process.sentinel], grace))
         exit_after = time.monotonic() - sent  # when it ended by itself, or the SIGKILL's instant
         children_left = len(_group_members(process.pid)) if ended and group else 0
-        late = not (ended and _wait_until(group_gone, sent + grace))
+        children_late = ended and not _wait_until(group_gone, sent + grace)
+        late = not ended or children_late
         hang = False
         if late and self.scenario is not None:
             probe_end = time.monotonic() + max(HANG_PROBE_S, 3 * grace)
             ended = bool(multiprocessing.connection.wait([process.sentinel], max(HANG_PROBE_S, 3 * grace)))
             hang = not (ended and _wait_until(group_gone, probe_end))
-            if ended:
+            if ended and not in_time:
                 exit_after = time.monotonic() - sent
         if late and (not ended or hang):
             self._signal(process, signal.SIGKILL)
@@ -1044,7 +1048,9 @@ class Supervisor:
             in_flight=in_flight,
             preparing=preparing,
             steps_done=0,
-            exit=exit_text + (" after G" if late and ended else ""),
+            exit=exit_text
+            + (" after G" if ended and not in_time else "")
+            + ("; its children past G" if children_late else ""),
             exit_code=process.exitcode,
             exit_after_s=exit_after,
             exception=None,
@@ -1402,11 +1408,12 @@ def evaluate_scenarios(results: list[ConfigResult]) -> list[Check]:
         checks.append(Check(f"{name}: hangs", f"{hangs} over {n} preemptions", "0", judged(hangs == 0, n)))
         if config.grace_factor >= TARGET_GRACE:
             late = [p for p in result.preemptions if p.late]
-            children = sum(1 for p in late if p.exit != "SIGKILL")
+            children = sum(1 for p in late if p.exit.endswith("children past G"))
             checks.append(
                 Check(
                     f"{name}: SIGKILLs (G = {config.grace_s:.2f} s >= 2x the slowest save)",
-                    f"{len(late)} over {n}" + (f" ({children} for fork children only)" if children else ""),
+                    f"{len(late)} over {n}"
+                    + (f" ({children}: its fork children outlived G)" if children else ""),
                     "0",
                     judged(not late, n),
                 )
