@@ -170,10 +170,13 @@ SCENARIOS = {
     scenario.name: scenario
     for scenario in (
         Scenario(
+            # 24 MiB: three 8 MiB parts, a multipart upload (the deadlock of issue 29 was a
+            # background save whose writer was done, committing, with its last parts waiting);
+            # a save every 2 s, each upload taking about that long.
             "s3-background-then-notice",
             "a background save uploading",
-            {"s3": SCALES["s3"]},
-            {"s3": QUICK_SCALES["s3"]},
+            {"s3": replace(SCALES["s3"], every=40, extra_mib=24, run_steps=200)},
+            {"s3": replace(QUICK_SCALES["s3"], every=10, extra_mib=24, run_steps=40)},
             timing="background",
         ),
         Scenario(
@@ -980,7 +983,9 @@ class Supervisor:
             )
             if handed is None and not process.is_alive():
                 return None
-            time.sleep(self.rng.uniform(0.0, 0.05))  # into the upload, which takes a second
+            # Anywhere in the upload (about 1-3 s at this scale), its end included: the writer
+            # done and the last parts still on their way is the case that deadlocked.
+            time.sleep(self.rng.uniform(0.0, 1.5))
             delay = time.monotonic() - resumed_at
         return self._preempt(process, events_path, dest, run, number, delay)
 
