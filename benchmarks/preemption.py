@@ -676,10 +676,16 @@ class Processes:
         self.kill_all()
 
     def reap(self, process: Any) -> None:
+        # A job with processes of its own (not a daemon) leads its process group: it is killed
+        # whole, its fork children too; only its group, never a group a reused pid might lead.
+        group = not process.daemon and process.pid is not None
         if process.is_alive():
+            if group:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
             process.kill()
         process.join()
-        if process.pid is not None and _group_members(process.pid):  # its fork children
+        if group and _group_members(process.pid):  # children that outlived it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
         with self.lock:
