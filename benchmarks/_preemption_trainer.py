@@ -19,10 +19,25 @@ can read the step of a stored object from its first kilobytes), ``model.pt`` (th
 model and optimizer state and the same digest) and ``extra/shard-N.bin`` (a header naming the
 step and the shard, then random bytes). A restored state is accepted only if all three agree.
 
+A scenario (``spec["scenario"]``, issue 29's cases an outside harness broke) changes the job:
+
+* ``plain``: as above;
+* ``in-place``: ``model.pt`` is rewritten in place (``torch.save`` to the same path, the inode a
+  background save's snapshot links) after every step, and at a save the extra files are too
+  (``open(path, "r+b")``), so background saves find their input changed;
+* ``fork-children``: a torch DataLoader with two ``fork`` workers (persistent) hands the job a
+  batch every step; the attempt is its own process group, which the supervisor signals whole,
+  as the kubelet signals a container;
+* ``long-c-call``: every step holds the GIL in one C call of 0.3-1 s (``sum(range(n))``), so the
+  notice arrives mid-call and Python runs its handler only after it;
+* ``startup-load`` and ``s3-background-then-notice``: the job is plain; the supervisor times the
+  SIGTERM (during start-up and the load; while a background save is uploading).
+
 Everything the supervisor learns comes from an append-only event log of JSON lines, each with
 ``time.monotonic()`` (one clock for every process on Linux): ``started``, ``resumed``,
 ``step``, ``save`` (writing the state directory), ``submit`` (calling ``save_sync``), ``saved``
-(it returned), ``exception``, ``done``. Module-level imports are the standard
+(it returned), ``exception``, ``done``; and per scenario ``children`` (the workers' pids) and
+``call``/``called`` (around the long C call). Module-level imports are the standard
 library only: the supervisor imports this module for the function it starts, and the fork
 server has torch and both checkpoint libraries imported before any attempt is forked.
 """
@@ -33,6 +48,7 @@ import hashlib
 import importlib
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -131,6 +147,16 @@ def _extra_digest(headers: list[bytes], body_digests: list[bytes]) -> str:
     return digest.hexdigest()
 
 
+def _rewrite(path: Path, chunks: list[bytes]) -> None:
+    """Rewrite ``path`` in place, the same inode (a background save's snapshot may link it)."""
+    if not path.exists():
+        path.touch()
+    with open(path, "r+b") as out:
+        for chunk in chunks:
+            out.write(chunk)
+        out.truncate()
+
+
 def _replace(path: Path, chunks: list[bytes]) -> None:
     """Write a new file and rename it over ``path`` (a background save's snapshot keeps the old)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
@@ -143,30 +169,42 @@ def _replace(path: Path, chunks: list[bytes]) -> None:
 class StateWriter:
     """Writes the state directory for a step: extra shards, ``model.pt``, then ``0-meta.json``."""
 
-    def __init__(self, root: Path, extra_mib: float) -> None:
+    def __init__(self, root: Path, extra_mib: float, in_place: bool = False) -> None:
         self.root = root
+        self.in_place = in_place
+        """Rewrite each file in place instead of writing a new one and renaming it over."""
         (root / EXTRA).mkdir(parents=True, exist_ok=True)
         shard_bytes = max(1, int(extra_mib * MIB) // SHARDS)
         self.bodies = [os.urandom(shard_bytes) for _ in range(SHARDS)]
         self.body_digests = [hashlib.sha256(body).digest() for body in self.bodies]
 
     def write(self, step: int, model: Any, optimizer: Any) -> None:
-        import torch
-
         headers = [_header(step, shard) for shard in range(SHARDS)]
         digest = _extra_digest(headers, self.body_digests)
+        put = _rewrite if self.in_place else _replace
         for shard, (header, body) in enumerate(zip(headers, self.bodies, strict=True)):
-            _replace(self.root / EXTRA / f"shard-{shard}.bin", [header, body])
-        partial = self.root / f".{MODEL}.{os.getpid()}.partial"
+            put(self.root / EXTRA / f"shard-{shard}.bin", [header, body])
+        self.write_model(step, model, optimizer, digest)
+        put(self.root / META, [json.dumps({"step": step, "extra_digest": digest}).encode()])
+
+    def write_model(self, step: int, model: Any, optimizer: Any, digest: str | None = None) -> None:
+        """``model.pt`` for ``step``; with ``in_place``, ``torch.save`` to the same path."""
+        import torch
+
+        if digest is None:  # the in-place writer between saves: the extra files stay as they are
+            digest = json.loads((self.root / META).read_text())["extra_digest"]
         state = {
             "step": step,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "extra_digest": digest,
         }
+        if self.in_place:
+            torch.save(state, self.root / MODEL)
+            return
+        partial = self.root / f".{MODEL}.{os.getpid()}.partial"
         torch.save(state, partial)
         os.replace(partial, self.root / MODEL)
-        _replace(self.root / META, [json.dumps({"step": step, "extra_digest": digest}).encode()])
 
 
 class Rejected(Exception):
@@ -254,6 +292,9 @@ def _enter(spec: dict[str, Any]) -> Events:
 
 def attempt(spec: dict[str, Any]) -> None:
     """One attempt: restore, train from there, save every ``every`` steps (see the module doc)."""
+    # Its own process group, as a container's processes are: the supervisor can signal the job
+    # and every process it forks at once, the way the kubelet signals the container.
+    os.setpgid(0, 0)
     events = _enter(spec)
     if spec["variant"] != "reference":
         from flyte_checkpoint.preemption import install_preemption_handler
@@ -267,15 +308,52 @@ def attempt(spec: dict[str, Any]) -> None:
         raise
 
 
+def _worker_batches(events: Events) -> Any:
+    """Batches from a DataLoader whose two workers are ``fork`` children kept alive across steps."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(
+        TensorDataset(torch.arange(1 << 20)),
+        batch_size=32,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+    )
+    batches = iter(loader)
+    next(batches)  # the workers are up
+    events.emit("children", pids=[worker.pid for worker in getattr(batches, "_workers", [])])
+    return batches
+
+
+def _long_call(spec: dict[str, Any], step: int, events: Events) -> None:
+    """One C call that holds the GIL for 0.3-1 s (no bytecode runs, so no Python signal handler)."""
+    seconds = random.Random(f"{spec['seed']}/{step}").uniform(*spec["call_s"])
+    events.emit("call", step=step, seconds=seconds)
+    sum(range(int(seconds * spec["call_rate"])))
+    events.emit("called", step=step)
+
+
+def call_rate(probe: int = 2_000_000) -> float:
+    """Items per second ``sum(range(n))`` gets through here (what sizes :func:`_long_call`)."""
+    started = time.perf_counter()
+    sum(range(probe))
+    return probe / (time.perf_counter() - started)
+
+
 def _train(spec: dict[str, Any], events: Events) -> None:
     variant, every, seed = spec["variant"], spec["every"], spec["seed"]
+    scenario = spec.get("scenario", "plain")
     model, optimizer = _build(seed)
-    writer = StateWriter(Path(spec["state_dir"]), spec["extra_mib"])
+    writer = StateWriter(Path(spec["state_dir"]), spec["extra_mib"], in_place=scenario == "in-place")
     helper = _helper(spec)
     step, verdict, detail = _load(helper, spec, model, optimizer)
     if verdict != "ok":
         model, optimizer = _build(seed)  # as a user would: start over
         step = 0
+    if writer.in_place:
+        writer.write(step, model, optimizer)  # the files every later step rewrites in place
+    batches = _worker_batches(events) if scenario == "fork-children" else None
     events.emit("resumed", step=step, verdict=verdict, detail=detail[:500])
 
     def save(at: int, background: bool) -> None:
@@ -290,9 +368,16 @@ def _train(spec: dict[str, Any], events: Events) -> None:
 
     for current in range(step + 1, spec["total_steps"] + 1):
         started = time.monotonic()
+        if batches is not None:
+            next(batches)  # not used: the training stays bit-equal to the uninterrupted run's
+        if scenario == "long-c-call":
+            _long_call(spec, current, events)
         _train_step(model, optimizer, current, seed)
         time.sleep(max(0.0, spec["step_s"] - (time.monotonic() - started)))
         events.emit("step", step=current)
+        if writer.in_place and current % every:
+            # As such code does: torch.save(state, same_path) after every step, then the loop.
+            writer.write_model(current, model, optimizer)
         if variant == "oneline":
             # The documented loop, as a user writes it.
             if current % every == 0 or helper.preempted:

@@ -14,6 +14,9 @@ trial the table shows the rank that got the signal, the step each rank saved, wh
 (and their exit statuses: 143 is ``Preempted`` after SIGTERM), the seconds from the signal to the
 last exit, and the newest committed step the parent then lists.
 
+``--signal-all`` sends the SIGTERM to every rank at once instead, as ``torchrun`` does: its agent
+gets the kubelet's SIGTERM and forwards it to each worker.
+
 ``--local`` adds trials of the baseline the vote replaces: each rank stops on its own notice
 only. The signalled rank then saves alone and waits in the save's collectives for ranks that
 went on training; the trial ends only when the process-group timeout (``--pg-timeout``) breaks
@@ -210,10 +213,11 @@ class _Job:
 
 
 def _trial(
-    task: dict[str, Any], chooser: random.Random, max_delay: float, exit_timeout: float
+    task: dict[str, Any], chooser: random.Random, max_delay: float, exit_timeout: float, signal_all: bool
 ) -> dict[str, Any]:
     job = _Job(task)
     victim = chooser.randrange(WORLD)
+    victims = range(WORLD) if signal_all else [victim]
     delay = chooser.uniform(0.0, max_delay)
     seconds_to_exit: float | None = None
     try:
@@ -224,8 +228,9 @@ def _trial(
         if ready and not any(job.first(rank, "error") for rank in range(WORLD)):
             time.sleep(delay)
             signalled = time.monotonic()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(job.processes[victim].pid or 0, signal.SIGTERM)
+            for rank in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(job.processes[rank].pid or 0, signal.SIGTERM)
             if job.wait_until(lambda: not job.running(), exit_timeout):
                 seconds_to_exit = time.monotonic() - signalled
     finally:
@@ -234,7 +239,7 @@ def _trial(
     errors = {rank: note[1] for rank in range(WORLD) if (note := job.first(rank, "error"))}
     return {
         "mode": task["mode"],
-        "victim": victim,
+        "victim": "all" if signal_all else victim,
         "delay_seconds": round(delay, 3),
         "saved_steps": saved,
         "agreed": len(set(saved.values())) == 1 and None not in saved.values(),
@@ -262,11 +267,14 @@ def run(
     grace_seconds: float = 30.0,
     pg_timeout: float = 20.0,
     base: str | None = None,
+    signal_all: bool = False,
 ) -> list[dict[str, Any]]:
     """``trials`` runs of 4 ranks, each with a SIGTERM on a random rank at a random instant.
 
     ``mode="agreed"`` stops with ``reached_preemption``; ``"local"``, the baseline, on each
-    rank's own notice. Each dict: ``victim``, ``delay_seconds`` (signal after the first vote),
+    rank's own notice. ``signal_all``: every rank gets the SIGTERM (as under ``torchrun``,
+    whose agent forwards it), ``victim`` is then ``"all"``. Each dict: ``victim``,
+    ``delay_seconds`` (signal after the first vote),
     ``saved_steps`` (by rank; ``None``: did not save), ``agreed``, ``all_exited`` (within the
     process-group timeout plus 10 s), ``exit_codes``, ``seconds_to_exit``, ``committed_step``,
     ``errors``.
@@ -287,7 +295,7 @@ def run(
                 "grace_seconds": grace_seconds,
                 "pg_timeout": pg_timeout,
             }
-            results.append({"trial": trial, **_trial(task, chooser, max_delay, pg_timeout + 10)})
+            results.append({"trial": trial, **_trial(task, chooser, max_delay, pg_timeout + 10, signal_all)})
     finally:
         if base is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -311,6 +319,10 @@ def vote_cost(*, world: int = WORLD, calls: int = 1000, repeats: int = 3) -> dic
     return {"reached_preemption_us": round(cost[1], 1), "bare_all_reduce_us": round(cost[2], 1)}
 
 
+def _victim(victim: int | str) -> str:
+    return "all ranks" if victim == "all" else f"rank {victim}"
+
+
 def format_table(results: list[dict[str, Any]]) -> str:
     header = f"{'trial':>5} {'mode':>6} {'SIGTERM to':>10} {'after s':>7}  {'saved step by rank':<22}"
     header += f" {'all exited':>10} {'statuses':<17} {'exit s':>6} {'committed':>9}"
@@ -321,7 +333,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
         exit_seconds = "-" if result["seconds_to_exit"] is None else f"{result['seconds_to_exit']:.2f}"
         committed = "-" if result["committed_step"] is None else str(result["committed_step"])
         lines.append(
-            f"{result['trial']:>5} {result['mode']:>6} {'rank ' + str(result['victim']):>10} "
+            f"{result['trial']:>5} {result['mode']:>6} {_victim(result['victim']):>10} "
             f"{result['delay_seconds']:>7.2f}  {steps:<22} {'yes' if result['all_exited'] else 'NO':>10} "
             f"{codes:<17} {exit_seconds:>6} {committed:>9}"
         )
@@ -337,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         "--local", type=int, nargs="?", const=1, default=0, help="baseline trials (default 1)"
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the victims and instants")
+    parser.add_argument(
+        "--signal-all", action="store_true", help="SIGTERM every rank at once, as torchrun forwards it"
+    )
     parser.add_argument("--step-ms", type=float, default=10.0, help="work per training step (default 10)")
     parser.add_argument("--max-delay", type=float, default=2.0, help="latest signal, s after the first vote")
     parser.add_argument("--pg-timeout", type=float, default=20.0, help="process-group timeout, s")
@@ -349,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     common: dict[str, Any] = {
+        "signal_all": args.signal_all,
         "seed": args.seed,
         "step_ms": args.step_ms,
         "max_delay": args.max_delay,
