@@ -159,7 +159,13 @@ class Scenario:
     (every other attempt: a random instant of its start-up and load), ``background`` (while a
     background save is uploading)."""
     group: bool = False
-    """SIGTERM and SIGKILL go to the attempt's process group, its fork children included."""
+    """The job leads a process group with its fork children, and the SIGKILL at G goes to the
+    whole group, as the kubelet's does to a container; the SIGTERM goes to the job alone, as the
+    kubelet's goes to the container's PID 1 (see :attr:`sigterm_to_group`)."""
+    sigterm_to_group: bool = False
+    """The SIGTERM goes to the whole group too (Slurm's ``scancel``, ``tini -g``): a DataLoader's
+    workers then die with it, and torch fails the step in progress with ``RuntimeError`` (no
+    library can save that step; benchmarks/README.md, "fork children")."""
 
 
 _LOCAL_64 = Scale(step_s=0.1, every=10, extra_mib=64, run_steps=60, delay_s=(0.3, 3.0))
@@ -996,9 +1002,16 @@ class Supervisor:
         return self._preempt(process, events_path, dest, run, number, delay)
 
     def _signal(self, process: Any, signum: int) -> None:
-        """``signum`` to the job, or to its whole process group (a scenario with fork children)."""
+        """``signum`` to the job, or to its whole process group (a scenario with fork children:
+        the SIGKILL always, the SIGTERM as :attr:`Scenario.sigterm_to_group` says)."""
+        scenario = self.scenario
+        to_group = (
+            scenario is not None
+            and scenario.group
+            and (signum != signal.SIGTERM or scenario.sigterm_to_group)
+        )
         with contextlib.suppress(ProcessLookupError):
-            if self.scenario is not None and self.scenario.group:
+            if to_group:
                 os.killpg(process.pid, signum)
             else:
                 os.kill(process.pid, signum)
