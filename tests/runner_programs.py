@@ -106,6 +106,12 @@ def _linger() -> None:
     time.sleep(2)
 
 
+def previous_location() -> str | None:
+    """Where this attempt's checkpoint restores from, after the previous-attempt URI repair."""
+    _, checkpoint = _attempt()
+    return checkpoint.remote_source
+
+
 async def count_async(signals: int = 1, unhandled: bool = False) -> int:
     """:func:`count` as an ``async def`` task."""
     number, checkpoint = _attempt()

@@ -155,3 +155,21 @@ def test_a_grace_period_that_is_not_a_number_of_seconds_is_a_usage_error(tmp_pat
     result = run_cli("run", "--checkpoint-path", str(tmp_path / "c"), "--grace-seconds", "0", "os:getcwd")
     assert result.returncode == 2
     assert "--grace-seconds: '0' is not a number of seconds > 0" in result.stderr
+
+
+def test_run_without_an_attempt_number_leaves_a_correct_previous_uri_as_it_is(tmp_path: Path) -> None:
+    prev = "s3://bucket/metadata/run-abc/train/5/prev_checkpoint"
+    names = ["--run-name", "run-abc", "--action-name", "train", "-o", "anon=true"]
+    checkpoint = ["--checkpoint-path", str(tmp_path / "cur"), "--prev-checkpoint", prev]
+    result = run_cli("run", *checkpoint, *names, "tests.runner_programs:previous_location")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == prev
+
+
+def test_run_repairs_a_previous_uri_naming_the_current_attempt(tmp_path: Path) -> None:
+    prev = "s3://bucket/metadata/run-abc/train/5/prev_checkpoint"
+    names = ["--run-name", "run-abc", "--action-name", "train", "-o", "anon=true"]
+    checkpoint = ["--checkpoint-path", str(tmp_path / "cur"), "--prev-checkpoint", prev]
+    result = run_cli("run", *checkpoint, *names, "tests.runner_programs:previous_location", attempt=5)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == "s3://bucket/metadata/run-abc/train/4/prev_checkpoint"
