@@ -60,6 +60,9 @@ EXIT_PREEMPTED = 75
 resumes from it (``EX_TEMPFAIL`` of sysexits.h: try again later). Preempted with no save committed
 after the notice, ``run`` exits ``128 + signum`` (143 for SIGTERM), as if the signal had ended it."""
 
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+"""``run``: interrupted by Ctrl-C (SIGINT); what the next run resumes from is printed."""
+
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "done"),
     (EXIT_TASK_FAILED, "run: the task raised (other commands: an unexpected error)"),
@@ -71,6 +74,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_PERMISSION, "access refused"),
     (EXIT_STORAGE, "other storage failure (out of space, read-only)"),
     (EXIT_PREEMPTED, "run: preempted after a checkpoint saved after the notice committed"),
+    (EXIT_INTERRUPTED, "run: interrupted by Ctrl-C (says whether the checkpoint committed)"),
 )
 """One code per kind of outcome, the same for every command; ``run`` adds 128+N (preempted by
 signal N with no save committed after the notice)."""
@@ -233,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-path", required=True, metavar="URI")
     run.add_argument("--prev-checkpoint", default=None, metavar="URI")
     run.add_argument("--inputs", default="{}", metavar="JSON", help="keyword arguments as a JSON object")
-    run.add_argument("--run-name", default=None)
-    run.add_argument("--action-name", default=None)
+    walk_back = "with --action-name, loads walk back past attempts that saved nothing (.../RUN/ACTION/N/...)"
+    run.add_argument("--run-name", metavar="RUN", help=f"the run's name; {walk_back}")
+    run.add_argument("--action-name", metavar="ACTION", help="the action's name; see --run-name")
     run.add_argument(
         "--grace-seconds",
         type=_grace_seconds,
@@ -510,6 +515,12 @@ def _run(args: argparse.Namespace) -> int:
             traceback.print_exc()
         _report_error(args, failure, EXIT_TASK_FAILED, kind="task failed")
         return EXIT_TASK_FAILED
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: say what the next run resumes from
+        if args.debug:
+            traceback.print_exc()
+        notes = [note.removeprefix("flyte_checkpoint: ") for note in getattr(interrupt, "__notes__", [])]
+        print(f"flyte-checkpoint: {'; '.join(notes) or 'interrupted'} (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(json.dumps(result, default=str))
     return EXIT_OK
 

@@ -7,9 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from flyte_checkpoint.cli import EXIT_PREEMPTED
+import pytest
+
+from flyte_checkpoint.cli import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from tests.signals.processes import Program, running
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,10 +100,8 @@ def test_help_shows_an_example() -> None:
 
 
 def preempted_run(checkpoint: Path, inputs: str) -> tuple[int, Program]:
-    """``flyte-checkpoint run`` of the counting task of ``tests.runner_programs``, sent SIGTERM
-    while it waits for it; the exit status."""
-    argv = ["run", "--checkpoint-path", str(checkpoint), "--grace-seconds", "5", "--inputs", inputs]
-    with running([*argv, "tests.runner_programs:count"], module="flyte_checkpoint") as program:
+    """:func:`counting_under_run`, sent SIGTERM while it waits for it; the exit status."""
+    with counting_under_run(checkpoint, inputs) as program:
         program.wait_for_line("ready")
         program.send(signal.SIGTERM)
         return program.finish(), program
@@ -123,12 +124,16 @@ def test_run_exits_with_its_preempted_status_when_the_save_sent_to_the_backgroun
     assert (tmp_path / "cur").read_bytes() == b"2"
 
 
+def counting_under_run(checkpoint: Path, inputs: str) -> AbstractContextManager[Program]:
+    """``flyte-checkpoint run`` of the counting task of ``tests.runner_programs`` with a 5 s grace period."""
+    argv = ["run", "--checkpoint-path", str(checkpoint), "--grace-seconds", "5", "--inputs", inputs]
+    return running([*argv, "tests.runner_programs:count"], module="flyte_checkpoint")
+
+
 def test_a_second_sigterm_while_run_exits_after_a_preemption_does_not_change_its_status(
     tmp_path: Path,
 ) -> None:
-    argv = ["run", "--checkpoint-path", str(tmp_path / "cur"), "--grace-seconds", "5"]
-    inputs = ["--inputs", '{"signals": 1, "linger_at_exit": true}']
-    with running([*argv, *inputs, "tests.runner_programs:count"], module="flyte_checkpoint") as program:
+    with counting_under_run(tmp_path / "cur", '{"signals": 1, "linger_at_exit": true}') as program:
         program.wait_for_line("ready")
         program.send(signal.SIGTERM)
         program.wait_for_line("exiting")
@@ -173,3 +178,37 @@ def test_run_repairs_a_previous_uri_naming_the_current_attempt(tmp_path: Path) -
     result = run_cli("run", *checkpoint, *names, "tests.runner_programs:previous_location", attempt=5)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == "s3://bucket/metadata/run-abc/train/4/prev_checkpoint"
+
+
+def test_a_handler_the_task_installs_over_the_runners_is_warned_of_once_and_the_notice_still_counts(
+    tmp_path: Path,
+) -> None:
+    with counting_under_run(tmp_path / "cur", '{"signals": 1, "own_handler": true}') as program:
+        program.wait_for_line("ready")
+        program.wait_for_line("WARNING flyte_checkpoint: the SIGTERM handler", timeout=15, prefix=True)
+        program.send(signal.SIGTERM)
+        status = program.finish()
+    warnings = [line for line in program.lines if "handler flyte_checkpoint installed" in line]
+    assert len(warnings) == 1, program.output()
+    assert "reclaim_signals()" in warnings[0]
+    assert "task handler" in program.lines
+    assert status == EXIT_PREEMPTED, program.output()
+    assert (tmp_path / "cur").read_bytes() == b"2"
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["blocking", "background"])
+def test_ctrl_c_after_the_checkpoint_committed_says_the_next_run_resumes_from_it(
+    background: bool, tmp_path: Path
+) -> None:
+    inputs = json.dumps({"background": background})
+    argv = ["run", "--checkpoint-path", str(tmp_path / "cur"), "--inputs", inputs]
+    argv.append("tests.runner_programs:save_then_wait_for_ctrl_c")
+    with running(argv, module="flyte_checkpoint") as program:
+        program.wait_for_line("ready")
+        program.send(signal.SIGINT)
+        status = program.finish()
+    assert status == EXIT_INTERRUPTED == 128 + signal.SIGINT, program.output()
+    said = program.lines[-1]
+    assert said.startswith("flyte-checkpoint: interrupted after the checkpoint saved at "), program.output()
+    assert f"UTC committed to {tmp_path / 'cur'}; the next run resumes from it (Ctrl-C)" in said
+    assert (tmp_path / "cur").read_bytes() == b"7"
