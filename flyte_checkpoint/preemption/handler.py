@@ -48,9 +48,10 @@ logger = logging.getLogger("flyte_checkpoint")
 
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM,)
 _POLL_SECONDS = 0.05
-_REPLACED_FOR_SECONDS = 1.0
+_REPLACED_FOR_SECONDS = 5.0
 """How long our handler must stay replaced before the watcher warns: a framework that installs
-its own for a moment and reclaims ours at once (Lightning's ``fit``, our callback) is not warned of."""
+its own for a while and has ours reclaimed (Lightning's ``fit`` installs its handler just before
+the sanity check or the first epoch, where our callback reclaims ours) is not warned of."""
 
 _SignalHandler = Callable[[int, FrameType | None], Any] | int | None
 Deliver = Callable[[Preempted], None]
