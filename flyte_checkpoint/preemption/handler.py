@@ -48,6 +48,8 @@ logger = logging.getLogger("flyte_checkpoint")
 
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM,)
 _POLL_SECONDS = 0.05
+_LOAD_EVERY_SECONDS = 1.0
+"""How often the watcher measures how busy the machine is, for the exit estimate."""
 _REPLACED_FOR_SECONDS = 5.0
 """How long our handler must stay replaced before the watcher warns: a framework that installs
 its own for a while and has ours reclaimed (Lightning's ``fit`` installs its handler just before
@@ -313,8 +315,12 @@ def _watch(stop: threading.Event) -> None:
     """
     ended: notice.PreemptionNotice | None = None
     replacements = _Replacements()
+    measured = time.monotonic()
     while not stop.wait(_POLL_SECONDS):
         replacements.check()
+        if time.monotonic() - measured >= _LOAD_EVERY_SECONDS and notice.current_notice() is None:
+            notice.refresh_load_factor()  # here, not in the handler: it reads /proc
+            measured = time.monotonic()
         current = notice.current_notice()
         if current is None or current is ended or notice.taken_over() or not _state.end_main_thread:
             continue

@@ -6,6 +6,7 @@ the kubelet does."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections.abc import Mapping
@@ -32,8 +33,8 @@ def preempted_with_sigkill_at(
 
 
 def test_a_slow_atexit_hook_given_as_the_exit_time_exits_before_the_sigkill(tmp_path: Path) -> None:
-    exit_time = {"FLYTE_CHECKPOINT_EXIT_SECONDS": "1.0"}  # the exit takes 0.4 s and teardown
-    status, program = preempted_with_sigkill_at(2.5, tmp_path, {"linger_seconds": 0.4}, exit_time)
+    exit_time = {"FLYTE_CHECKPOINT_EXIT_SECONDS": "1.5"}  # 0.4 s, teardown, and room for a busy machine
+    status, program = preempted_with_sigkill_at(3.0, tmp_path, {"linger_seconds": 0.4}, exit_time)
     assert status == 128 + signal.SIGTERM, program.output()
     assert "exiting" in program.output()
     assert "PreemptionDeadlineError" in program.output()  # the save was refused, not cut off
@@ -43,6 +44,7 @@ def test_the_exit_time_is_estimated_from_what_the_process_holds_while_a_handler_
     with install_preemption_handler(grace_seconds=30):
         recorded = notice.notify_signal(signal.SIGTERM, 30.0)
     assert recorded.exit_seconds >= notice.EXIT_BASE_SECONDS + notice.EXIT_SECONDS_PER_BLOCK * 100_000
+    assert recorded.exit_seconds <= notice.estimated_exit_seconds() * 1.5  # the estimate, as of the notice
     notice.clear()
     assert notice.notify_signal(signal.SIGTERM, 30.0).exit_seconds == 0.0  # no handler: no process exit
 
@@ -66,3 +68,17 @@ def test_an_exit_time_that_is_not_a_number_of_seconds_is_refused_at_install(
     monkeypatch.setenv(notice.EXIT_SECONDS_ENV, raw)
     with pytest.raises(ConfigurationError, match=notice.EXIT_SECONDS_ENV):
         install_preemption_handler(grace_seconds=30)
+
+
+def test_a_busy_machine_stretches_the_exit_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    notice.refresh_load_factor()
+    idle = notice.estimated_exit_seconds()
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0 * cpus, 0.0, 0.0))  # three runnable tasks a CPU
+    notice.refresh_load_factor()
+    try:
+        assert notice.estimated_exit_seconds() == pytest.approx(3 * idle, rel=0.05)
+    finally:
+        monkeypatch.undo()
+        notice.refresh_load_factor()
