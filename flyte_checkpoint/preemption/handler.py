@@ -178,8 +178,10 @@ def install_preemption_handler(
     ``signals=[signal.SIGUSR1], grace_seconds=90``. Saves after the notice must commit early
     enough for the process to exit before the SIGKILL: ``exit_seconds`` is the time it takes
     from its last save to its exit; ``None`` reads ``FLYTE_CHECKPOINT_EXIT_SECONDS``, else it is
-    estimated at the notice from the modules loaded (interpreter teardown). Set it when atexit
-    hooks or threads the exit waits for take longer. With ``end_main_thread`` (the default), a
+    estimated at the notice from the objects the process holds (interpreter teardown) and the
+    machine's load. Set it when atexit hooks or threads the exit waits for take longer. The
+    margin kept is that, at least a tenth of the grace period and at most half of it. With
+    ``end_main_thread`` (the default), a
     task that never reads ``checkpoint.preempted`` is ended once its saves in flight have
     committed (see the module docstring); ``False`` leaves stopping to the code entirely.
 
