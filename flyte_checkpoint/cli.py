@@ -515,7 +515,7 @@ def _run(args: argparse.Namespace) -> int:
             traceback.print_exc()
         _report_error(args, failure, EXIT_TASK_FAILED, kind="task failed")
         return EXIT_TASK_FAILED
-    except KeyboardInterrupt as interrupt:  # Ctrl-C: say what the next run resumes from
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: say whether (and when) the checkpoint committed
         if args.debug:
             traceback.print_exc()
         notes = [note.removeprefix("flyte_checkpoint: ") for note in getattr(interrupt, "__notes__", [])]

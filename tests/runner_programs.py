@@ -134,12 +134,14 @@ def save_slowly_on_notice(linger_seconds: float = 0.0, state_mib: int = 40) -> N
     raise checkpoint.preemption()
 
 
-def save_then_wait_for_ctrl_c(background: bool = False) -> None:
-    """Save ``7`` (in the ``background``), print ``ready`` and wait for a Ctrl-C (SIGINT)."""
+def save_then_wait_for_ctrl_c(background: bool = False, save: bool = True) -> None:
+    """Save ``7`` (in the ``background``; nothing without ``save``), print ``ready`` and wait for
+    a Ctrl-C (SIGINT)."""
     # As in an interactive shell: a job started in the background inherits SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _, checkpoint = _attempt()
-    checkpoint.save_sync(b"7", background=background)
+    if save:
+        checkpoint.save_sync(b"7", background=background)
     print("ready", flush=True)
     time.sleep(WAIT_FOR_SIGNAL_SECONDS)
 

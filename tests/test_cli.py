@@ -196,19 +196,32 @@ def test_a_handler_the_task_installs_over_the_runners_is_warned_of_once_and_the_
     assert (tmp_path / "cur").read_bytes() == b"2"
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["blocking", "background"])
-def test_ctrl_c_after_the_checkpoint_committed_says_the_next_run_resumes_from_it(
-    background: bool, tmp_path: Path
-) -> None:
-    inputs = json.dumps({"background": background})
-    argv = ["run", "--checkpoint-path", str(tmp_path / "cur"), "--inputs", inputs]
+def interrupted_run(checkpoint: Path, inputs: dict[str, bool]) -> tuple[int, Program]:
+    """``flyte-checkpoint run`` of the task of ``tests.runner_programs`` that saves and waits, sent
+    SIGINT (Ctrl-C) while it waits; the exit status."""
+    argv = ["run", "--checkpoint-path", str(checkpoint), "--inputs", json.dumps(inputs)]
     argv.append("tests.runner_programs:save_then_wait_for_ctrl_c")
     with running(argv, module="flyte_checkpoint") as program:
         program.wait_for_line("ready")
         program.send(signal.SIGINT)
-        status = program.finish()
+        return program.finish(), program
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["blocking", "background"])
+def test_ctrl_c_after_the_checkpoint_committed_says_when_it_committed_and_where(
+    background: bool, tmp_path: Path
+) -> None:
+    status, program = interrupted_run(tmp_path / "cur", {"background": background})
     assert status == EXIT_INTERRUPTED == 128 + signal.SIGINT, program.output()
     said = program.lines[-1]
     assert said.startswith("flyte-checkpoint: interrupted after the checkpoint saved at "), program.output()
-    assert f"UTC committed to {tmp_path / 'cur'}; the next run resumes from it (Ctrl-C)" in said
+    assert f"UTC committed to {tmp_path / 'cur'}; an attempt that restores from there resumes from it" in said
     assert (tmp_path / "cur").read_bytes() == b"7"
+
+
+def test_ctrl_c_before_any_save_committed_says_so(tmp_path: Path) -> None:
+    status, program = interrupted_run(tmp_path / "cur", {"save": False})
+    assert status == EXIT_INTERRUPTED, program.output()
+    said = "flyte-checkpoint: interrupted before any save of this attempt committed"
+    assert program.lines[-1].startswith(said), program.output()
+    assert not (tmp_path / "cur").exists()

@@ -97,7 +97,7 @@ def _saves_accounted(context: TaskContext) -> Iterator[None]:
 
 def _say_what_committed(context: TaskContext, interrupt: KeyboardInterrupt) -> None:
     """Note on a Ctrl-C that ended the attempt whether its checkpoint committed: the user deciding
-    what to do next wants to know what the next run resumes from (saves in flight have finished)."""
+    what to do next wants to know what a retry would resume from (saves in flight have finished)."""
     helper = context.data.get(CHECKPOINT_CACHE_KEY)
     if not isinstance(helper, Checkpoint):
         return
@@ -105,12 +105,12 @@ def _say_what_committed(context: TaskContext, interrupt: KeyboardInterrupt) -> N
     if committed is None:
         said = (
             f"interrupted before any save of this attempt committed to {helper.remote_destination}; "
-            "the next run resumes from the previous checkpoint, if any"
+            "what is there, if anything, is from before this attempt"
         )
     else:
         said = (
             f"interrupted after the checkpoint saved at {committed:%Y-%m-%d %H:%M:%S} UTC committed "
-            f"to {helper.remote_destination}; the next run resumes from it"
+            f"to {helper.remote_destination}; an attempt that restores from there resumes from it"
         )
     add_context(interrupt, f"flyte_checkpoint: {said}")
 
