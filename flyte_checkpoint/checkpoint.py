@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import datetime
 import logging
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -187,6 +189,16 @@ class Checkpoint(BaseCheckpoint):
     def prev_exists(self) -> bool:
         """Whether a previous-checkpoint URI was supplied (the object itself may be absent)."""
         return self._src is not None
+
+    @property
+    def last_committed(self) -> datetime.datetime | None:
+        """When (UTC) this helper's newest save committed to :attr:`remote_destination`; ``None``
+        while none has. A background save counts once it committed."""
+        committed = self._saves.budget.last_commit()
+        if committed is None:
+            return None
+        ago = datetime.timedelta(seconds=time.monotonic() - committed)
+        return datetime.datetime.now(datetime.timezone.utc) - ago
 
     @property
     def path(self) -> Path:

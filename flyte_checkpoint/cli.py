@@ -68,6 +68,9 @@ the status of a tool ``SIGPIPE`` ended, as ``cat`` would (141)."""
 PREEMPTED_BY_SIGNAL = "128+N"
 """``run``: preempted by signal ``N`` with no save committed after the notice (a status, not one code)."""
 
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+"""``run``: interrupted by Ctrl-C (SIGINT); what the next run resumes from is printed."""
+
 
 class ExitCode(NamedTuple):
     """One exit status of the command: its number, the ``kind`` its ``--json`` error names, what
@@ -108,6 +111,12 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ),
     ExitCode(
         PREEMPTED_BY_SIGNAL, "preempted", "run: preempted by signal N, no save committed after it", _RUN
+    ),
+    ExitCode(
+        EXIT_INTERRUPTED,
+        "interrupted",
+        "run: interrupted by Ctrl-C (says whether the checkpoint committed)",
+        _RUN,
     ),
     ExitCode(
         EXIT_OUTPUT_CLOSED, "output_closed", "the output's reader left early (head -1): stopped quietly", _ALL
@@ -296,8 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--inputs", type=_inputs, default="{}", metavar="JSON", help="keyword arguments as a JSON object"
     )
-    run.add_argument("--run-name", default=None)
-    run.add_argument("--action-name", default=None)
+    walk_back = "with --action-name, loads walk back past attempts that saved nothing (.../RUN/ACTION/N/...)"
+    run.add_argument("--run-name", metavar="RUN", help=f"the run's name; {walk_back}")
+    run.add_argument("--action-name", metavar="ACTION", help="the action's name; see --run-name")
     run.add_argument(
         "--grace-seconds",
         type=_grace_seconds,
@@ -636,6 +646,12 @@ def _run(args: argparse.Namespace) -> int:
             traceback.print_exc()
         _report_error(args, failure, EXIT_TASK_FAILED, kind="task_failed")
         return EXIT_TASK_FAILED
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: say whether (and when) the checkpoint committed
+        if args.debug:
+            traceback.print_exc()
+        notes = [note.removeprefix("flyte_checkpoint: ") for note in getattr(interrupt, "__notes__", [])]
+        print(f"flyte-checkpoint: {'; '.join(notes) or 'interrupted'} (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(json.dumps(result, default=str))
     return EXIT_OK
 

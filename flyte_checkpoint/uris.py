@@ -178,9 +178,12 @@ def repair_prev_checkpoint_uri(
     Some executors build the previous checkpoint URI from the *current* attempt directory
     (``…/{run_name}/{action_name}/{n}/…``). For the remote schemes ``s3://``, ``gs://``,
     ``gcs://``, ``s3a://``, ``abfss://`` and ``az://`` this rewrites ``n`` to ``n - 1`` when
-    ``n > 1`` and either ``FLYTE_ATTEMPT_NUMBER`` is unset or below 1, or ``n`` equals
-    ``FLYTE_ATTEMPT_NUMBER`` or ``FLYTE_ATTEMPT_NUMBER + 1``. Anything else (local paths, no
-    run or action name, no matching segment, a mismatched segment, ``n <= 1``) is returned as is.
+    ``n > 1`` and ``n`` equals the attempt number or the attempt number + 1: ``attempt_number``,
+    else ``FLYTE_ATTEMPT_NUMBER`` (0 when unset, so that only ``n <= 1`` could match, and those
+    are never rewritten). Anything else (local paths, no run or action name, no matching
+    segment, a mismatched segment, ``n <= 1``) is returned as is: a segment that does not match
+    a known attempt number says nothing about which attempt wrote it, and rewriting a correct
+    URI would point the load at an attempt that never saved there.
 
     A URI in Flyte's sharded layout (see :func:`attempt_uris`) whose directory already agrees
     with the attempt its unique id names (``…/{n}/{shard}/{run}-{action}-{n-1}/…``) is returned
@@ -197,7 +200,7 @@ def repair_prev_checkpoint_uri(
     if segment <= 1:
         return prev_uri
     attempt = attempt_number_from_env() if attempt_number is None else attempt_number
-    if attempt >= 1 and segment not in (attempt, attempt + 1):
+    if segment not in (attempt, attempt + 1):
         return prev_uri
     return f"{located.head}{segment - 1}/{located.rest}"
 

@@ -19,9 +19,13 @@ import asyncio
 import atexit
 import json
 import logging
+import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -76,15 +80,19 @@ def count(
     save_on_notice: bool = True,
     in_background: bool = False,
     linger_at_exit: bool = False,
+    own_handler: bool = False,
 ) -> int:
     """Count to :data:`STEPS` in 50 ms steps; attempts below ``signals`` stop at step 2 to wait
     for SIGTERM. Handled (the documented loop): save on the notice, then stop with
     ``checkpoint.preemption()``; ``in_background``: that save goes to the background, as in the
     documented loop when the notice comes while the state is written. ``unhandled``: save after
     every step and never look. ``linger_at_exit``: the interpreter's exit prints ``exiting`` and
-    takes 2 s (as one waiting for a save or flushing logs does)."""
+    takes 2 s (as one waiting for a save or flushing logs does). ``own_handler``: the task
+    installs a SIGTERM handler of its own (printing ``task handler``) over the runner's."""
     if linger_at_exit:
         atexit.register(_linger)
+    if own_handler:
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("task handler", flush=True))
     number, checkpoint = _attempt()
     restored = checkpoint.load_sync()
     counting = Counting(number, None if restored is None else restored.read_bytes(), signals)
@@ -104,6 +112,44 @@ def count(
 def _linger() -> None:
     print("exiting", flush=True)
     time.sleep(2)
+
+
+def save_slowly_on_notice(linger_seconds: float = 0.0, state_mib: int = 40) -> None:
+    """Print ``ready``, wait for the notice, then save a directory whose upload takes 0.1 s per
+    MiB (longer than the grace period): the save deadline refuses it. The exit then takes
+    ``linger_seconds`` in an atexit hook (printing ``exiting``): a slow but real exit path."""
+    if linger_seconds:
+        atexit.register(time.sleep, linger_seconds)
+        atexit.register(print, "exiting", flush=True)  # atexit runs last in, first out
+    _, checkpoint = _attempt()
+    state = Path(tempfile.mkdtemp(prefix="slow-state-"))
+    atexit.register(shutil.rmtree, state, ignore_errors=True)
+    for index in range(state_mib):
+        (state / f"shard-{index}.bin").write_bytes(os.urandom(1 << 20))
+    print("ready", flush=True)
+    give_up = time.monotonic() + WAIT_FOR_SIGNAL_SECONDS
+    while not checkpoint.preempted and time.monotonic() < give_up:
+        time.sleep(STEP_SECONDS)
+    checkpoint.save_sync(state, progress=lambda done, total: time.sleep(0.1))
+    raise checkpoint.preemption()
+
+
+def save_then_wait_for_ctrl_c(background: bool = False, save: bool = True) -> None:
+    """Save ``7`` (in the ``background``; nothing without ``save``), print ``ready`` and wait for
+    a Ctrl-C (SIGINT)."""
+    # As in an interactive shell: a job started in the background inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _, checkpoint = _attempt()
+    if save:
+        checkpoint.save_sync(b"7", background=background)
+    print("ready", flush=True)
+    time.sleep(WAIT_FOR_SIGNAL_SECONDS)
+
+
+def previous_location() -> str | None:
+    """Where this attempt's checkpoint restores from, after the previous-attempt URI repair."""
+    _, checkpoint = _attempt()
+    return checkpoint.remote_source
 
 
 async def count_async(signals: int = 1, unhandled: bool = False) -> int:

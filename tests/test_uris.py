@@ -29,7 +29,10 @@ def repair(value: str) -> str:
 
 
 @pytest.mark.parametrize("scheme", ["s3", "gs", "gcs", "s3a", "abfss", "az"])
-def test_each_remote_scheme_gets_the_attempt_segment_decremented(scheme: str) -> None:
+def test_each_remote_scheme_gets_the_attempt_segment_decremented(
+    scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "3")
     assert repair(uri(scheme, 3)) == uri(scheme, 2)
 
 
@@ -70,22 +73,26 @@ def test_a_segment_not_matching_the_attempt_number_is_left_unchanged(monkeypatch
     assert repair(uri("s3", 3)) == uri("s3", 3)
 
 
-def test_an_attempt_number_below_one_only_requires_a_segment_above_one(
+def test_attempt_number_zero_leaves_a_segment_above_one_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "0")
+    assert repair(uri("az", 7)) == uri("az", 7)
+
+
+def test_without_an_attempt_number_a_correct_previous_uri_is_left_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "0")
-    assert repair(uri("az", 7)) == uri("az", 6)
+    monkeypatch.delenv("FLYTE_ATTEMPT_NUMBER", raising=False)
+    assert repair(uri("s3", 5)) == uri("s3", 5)
 
 
 def test_names_with_regex_characters_are_matched_literally() -> None:
     value = "s3://b/x/run.1/act+x/3/prev"
-    assert (
-        repair_prev_checkpoint_uri(value, run_name="run.1", action_name="act+x")
-        == "s3://b/x/run.1/act+x/2/prev"
-    )
-    assert repair_prev_checkpoint_uri("s3://b/x/runX1/act+x/3/p", run_name="run.1", action_name="act+x") == (
-        "s3://b/x/runX1/act+x/3/p"
-    )
+
+    def repaired(uri: str) -> str:
+        return repair_prev_checkpoint_uri(uri, run_name="run.1", action_name="act+x", attempt_number=3)
+
+    assert repaired(value) == "s3://b/x/run.1/act+x/2/prev"
+    assert repaired("s3://b/x/runX1/act+x/3/p") == "s3://b/x/runX1/act+x/3/p"
 
 
 def helper_source(prev_uri: str) -> str | None:

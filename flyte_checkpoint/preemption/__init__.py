@@ -8,7 +8,7 @@ signal handler, and how a task that does not handle the notice is ended once its
 from __future__ import annotations
 
 from flyte_checkpoint.preemption.cloud import CLOUD_NOTICES_ENV, CloudNoticeWatcher, watch_cloud_notices
-from flyte_checkpoint.preemption.handler import PreemptionHandler, install_preemption_handler
+from flyte_checkpoint.preemption.handler import PreemptionHandler, install_preemption_handler, reclaim_signals
 from flyte_checkpoint.preemption.notice import (
     DEFAULT_GRACE_SECONDS,
     GRACE_SECONDS_ENV,
@@ -27,5 +27,6 @@ __all__ = [
     "current_notice",
     "install_preemption_handler",
     "notify",
+    "reclaim_signals",
     "watch_cloud_notices",
 ]

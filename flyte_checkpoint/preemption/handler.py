@@ -48,6 +48,12 @@ logger = logging.getLogger("flyte_checkpoint")
 
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM,)
 _POLL_SECONDS = 0.05
+_LOAD_EVERY_SECONDS = 1.0
+"""How often the watcher measures how busy the machine is, for the exit estimate."""
+_REPLACED_FOR_SECONDS = 5.0
+"""How long our handler must stay replaced before the watcher warns: a framework that installs
+its own for a while and has ours reclaimed (Lightning's ``fit`` installs its handler just before
+the sanity check or the first epoch, where our callback reclaims ours) is not warned of."""
 
 _SignalHandler = Callable[[int, FrameType | None], Any] | int | None
 Deliver = Callable[[Preempted], None]
@@ -137,6 +143,7 @@ class PreemptionHandler:
             for signum, previous in _state.previous.items():
                 _put_back(signum, previous)
             _state.previous.clear()
+            notice.stop_expecting_exit()
             arrivals, _state.arrivals = _state.arrivals, None
             if arrivals is not None:
                 arrivals.stop()
@@ -162,12 +169,19 @@ def install_preemption_handler(
     *,
     grace_seconds: float | None = None,
     end_main_thread: bool = True,
+    exit_seconds: float | None = None,
 ) -> PreemptionHandler:
     """Turn each of ``signals`` into a preemption notice (default: SIGTERM alone).
 
     ``grace_seconds`` is the time from the signal to the expected SIGKILL; ``None`` reads
     ``FLYTE_CHECKPOINT_GRACE_SECONDS`` (30 s when unset). SLURM's ``--signal=USR1@90`` wants
-    ``signals=[signal.SIGUSR1], grace_seconds=90``. With ``end_main_thread`` (the default), a
+    ``signals=[signal.SIGUSR1], grace_seconds=90``. Saves after the notice must commit early
+    enough for the process to exit before the SIGKILL: ``exit_seconds`` is the time it takes
+    from its last save to its exit; ``None`` reads ``FLYTE_CHECKPOINT_EXIT_SECONDS``, else it is
+    estimated at the notice from the objects the process holds (interpreter teardown) and the
+    machine's load. Set it when atexit hooks or threads the exit waits for take longer. The
+    margin kept is that, at least a tenth of the grace period and at most half of it. With
+    ``end_main_thread`` (the default), a
     task that never reads ``checkpoint.preempted`` is ended once its saves in flight have
     committed (see the module docstring); ``False`` leaves stopping to the code entirely.
 
@@ -182,6 +196,7 @@ def install_preemption_handler(
     if not wanted:
         raise ConfigurationError("signals is empty; name at least one, e.g. signal.SIGTERM")
     grace = notice.check_grace_seconds(grace_seconds)
+    exiting = notice.check_exit_seconds(exit_seconds)
     if threading.current_thread() is not threading.main_thread():
         logger.debug("preemption handler not installed: signal handlers can be set in the main thread only")
         return PreemptionHandler(installed=False)
@@ -190,6 +205,7 @@ def install_preemption_handler(
         if _state.users == 0:
             _state.grace_seconds = grace
             _state.end_main_thread = end_main_thread
+            notice.expect_exit(exiting)
             _state.ending = None
             _state.stop = threading.Event()
             _state.cloud = clouds.start() if clouds is not None else None
@@ -258,14 +274,61 @@ def ending_delivered_to(deliver: Deliver) -> Iterator[None]:
             _state.deliverers.remove(deliver)
 
 
+class _Replacements:
+    """Our handlers that other code replaced, as the watcher sees them; each is warned of once."""
+
+    def __init__(self) -> None:
+        self._since: dict[int, float] = {}
+        self._warned: set[int] = set()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        for signum in tuple(_state.previous):
+            installed = signal.getsignal(signum)
+            if installed is _on_signal:
+                self._since.pop(signum, None)
+                continue
+            since = self._since.setdefault(signum, now)
+            if signum not in self._warned and now - since >= _REPLACED_FOR_SECONDS:
+                self._warned.add(signum)
+                logger.warning("%s", _replaced_warning(signum, installed))
+
+
+def _replaced_warning(signum: int, installed: _SignalHandler) -> str:
+    name = signal.Signals(signum).name
+    if installed == signal.SIG_IGN:
+        effect = "SIG_IGN: the signal is ignored, so no preemption notice is recorded"
+    elif installed == signal.SIG_DFL:
+        effect = "SIG_DFL: the signal kills the process at once, with no final save"
+    else:
+        what = getattr(installed, "__qualname__", None) or repr(installed)
+        effect = (
+            f"{what}, which runs instead of it: the notice is still recorded when the signal "
+            "arrives, but a task that does not read checkpoint.preempted is no longer ended once "
+            "its saves have committed"
+        )
+    return (
+        f"the {name} handler flyte_checkpoint installed for preemption was replaced by {effect}; "
+        f"have the new handler call the one it replaced (signal.getsignal({name}) before "
+        "installing it), or call flyte_checkpoint.preemption.reclaim_signals() after installing it"
+    )
+
+
 def _watch(stop: threading.Event) -> None:
-    """End the attempt of a task that did not take the notice over, once its saves are done.
+    """End the attempt of a task that did not take the notice over, once its saves are done;
+    warn when other code replaced our handler.
 
     The watcher outlives the attempt it ended: a runner retrying in this process clears the
     notice (:func:`.notice.clear`) and the next attempt is watched the same way.
     """
     ended: notice.PreemptionNotice | None = None
+    replacements = _Replacements()
+    measured = time.monotonic()
     while not stop.wait(_POLL_SECONDS):
+        replacements.check()
+        if time.monotonic() - measured >= _LOAD_EVERY_SECONDS and notice.current_notice() is None:
+            notice.refresh_load_factor()  # here, not in the handler: it reads /proc
+            measured = time.monotonic()
         current = notice.current_notice()
         if current is None or current is ended or notice.taken_over() or not _state.end_main_thread:
             continue

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY, Checkpoint
 from flyte_checkpoint.context import CheckpointPaths, TaskContext, attempt_number_from_env, task_context
-from flyte_checkpoint.errors import ConfigurationError, Preempted
+from flyte_checkpoint.errors import ConfigurationError, Preempted, add_context
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import ending_delivered_to, install_preemption_handler
 
@@ -95,11 +95,32 @@ def _saves_accounted(context: TaskContext) -> Iterator[None]:
         raise ending from failure
 
 
+def _say_what_committed(context: TaskContext, interrupt: KeyboardInterrupt) -> None:
+    """Note on a Ctrl-C that ended the attempt whether its checkpoint committed: the user deciding
+    what to do next wants to know what a retry would resume from (saves in flight have finished)."""
+    helper = context.data.get(CHECKPOINT_CACHE_KEY)
+    if not isinstance(helper, Checkpoint):
+        return
+    committed = helper.last_committed
+    if committed is None:
+        said = (
+            f"interrupted before any save of this attempt committed to {helper.remote_destination}; "
+            "what is there, if anything, is from before this attempt"
+        )
+    else:
+        said = (
+            f"interrupted after the checkpoint saved at {committed:%Y-%m-%d %H:%M:%S} UTC committed "
+            f"to {helper.remote_destination}; an attempt that restores from there resumes from it"
+        )
+    add_context(interrupt, f"flyte_checkpoint: {said}")
+
+
 @contextlib.contextmanager
 def attempt_scope(context: TaskContext) -> Iterator[TaskContext]:
     """Make ``context`` current for one attempt and close its checkpoint helper afterwards.
 
-    A ``Preempted`` leaving the attempt says whether a save committed after the notice.
+    A ``Preempted`` leaving the attempt says whether a save committed after the notice; a
+    ``KeyboardInterrupt`` says in a note whether (and when) the attempt's checkpoint committed.
     """
     with _saves_accounted(context):
         try:
@@ -107,6 +128,8 @@ def attempt_scope(context: TaskContext) -> Iterator[TaskContext]:
                 yield context
         except BaseException as leaving:
             _close_helper(context, leaving)
+            if isinstance(leaving, KeyboardInterrupt):
+                _say_what_committed(context, leaving)
             raise
         _close_helper(context)
 
@@ -124,6 +147,8 @@ async def attempt_scope_async(context: TaskContext) -> AsyncIterator[TaskContext
                 yield context
         except BaseException as leaving:
             await asyncio.to_thread(_close_helper, context, leaving)
+            if isinstance(leaving, KeyboardInterrupt):
+                _say_what_committed(context, leaving)
             raise
         await asyncio.to_thread(_close_helper, context)
 

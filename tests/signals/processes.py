@@ -35,8 +35,9 @@ class Program:
         self._partial = ""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def wait_for_line(self, wanted: str, timeout: float = READY_TIMEOUT) -> None:
-        """Read output until a line equal to ``wanted``; fail if the program ends or stalls first.
+    def wait_for_line(self, wanted: str, timeout: float = READY_TIMEOUT, *, prefix: bool = False) -> None:
+        """Read output until a line equal to ``wanted`` (with ``prefix``: starting with it); fail if
+        the program ends or stalls first.
 
         The pipe is read with ``os.read``, not through the buffered ``process.stdout``: a
         ``readline()`` there may take several lines into its buffer at once, and a ``select()``
@@ -46,7 +47,8 @@ class Program:
         while True:
             while self._scanned < len(self.lines):
                 self._scanned += 1
-                if self.lines[self._scanned - 1] == wanted:
+                line = self.lines[self._scanned - 1]
+                if line == wanted or (prefix and line.startswith(wanted)):
                     return
             if not self._read_more(give_up):
                 raise AssertionError(f"the program never printed {wanted!r}; its output:\n{self.output()}")
@@ -77,6 +79,17 @@ class Program:
             raise AssertionError(
                 f"the program hung (killed after {timeout} s); its output:\n{self.output()}"
             ) from None
+        self._take_rest(rest)
+        return self.process.returncode
+
+    def finish_or_kill(self, at: float) -> int:
+        """Wait for the exit until ``time.monotonic()`` reaches ``at``, then SIGKILL it, as the
+        kubelet does at the end of the grace period; the exit status (``-9`` when killed)."""
+        try:
+            rest, _ = self.process.communicate(timeout=max(0.0, at - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            rest, _ = self.process.communicate()
         self._take_rest(rest)
         return self.process.returncode
 
