@@ -217,3 +217,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def swallow_the_first_ending(seconds: float = 20.0) -> None:
+    """Never reads the notice, and swallows the first ``Preempted`` raised into it, as C code
+    that clears every pending exception does (torch's import of numpy): then runs on."""
+    print("ready", flush=True)
+    try:
+        time.sleep(seconds)
+    except BaseException:  # what the C code does, on purpose
+        print("swallowed", flush=True)
+    time.sleep(seconds)

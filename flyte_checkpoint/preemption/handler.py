@@ -48,6 +48,7 @@ logger = logging.getLogger("flyte_checkpoint")
 
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM,)
 _POLL_SECONDS = 0.05
+_AGAIN_MIN_SECONDS = 0.5
 _LOAD_EVERY_SECONDS = 1.0
 """How often the watcher measures how busy the machine is, for the exit estimate."""
 _REPLACED_FOR_SECONDS = 5.0
@@ -322,6 +323,7 @@ def _watch(stop: threading.Event) -> None:
     notice (:func:`.notice.clear`) and the next attempt is watched the same way.
     """
     ended: notice.PreemptionNotice | None = None
+    again_at = 0.0
     replacements = _Replacements()
     measured = time.monotonic()
     while not stop.wait(_POLL_SECONDS):
@@ -330,6 +332,18 @@ def _watch(stop: threading.Event) -> None:
             notice.refresh_load_factor()  # here, not in the handler: it reads /proc
             measured = time.monotonic()
         current = notice.current_notice()
+        if current is not None and current is ended and not notice.taken_over():
+            if time.monotonic() >= again_at and _state.ending is None and time.monotonic() < current.deadline:
+                # The attempt was told to end and is still running: C code that clears every
+                # pending exception swallowed the Preempted its handler raised (torch's import of
+                # numpy does, so a SIGTERM during ``import torch`` left the task running into the
+                # SIGKILL). Tell it again, less often as the deadline nears.
+                logger.warning(
+                    "the task did not end when told to (its Preempted was swallowed); telling it again"
+                )
+                _end_attempt(notice.preempted_exit(current, detail="the task did not end when first told to"))
+                again_at = _again_at(current)
+            continue
         if current is None or current is ended or notice.taken_over() or not _state.end_main_thread:
             continue
         logger.warning(
@@ -352,6 +366,15 @@ def _watch(stop: threading.Event) -> None:
         )
         ended = current
         _end_attempt(notice.preempted_exit(current, detail=detail))
+        again_at = _again_at(current)
+
+
+def _again_at(current: notice.PreemptionNotice) -> float:
+    """When to tell an attempt that was told to end and still runs to end again: a quarter of the
+    time left to exit, at least half a second on (its ``finally`` blocks and the runner's report
+    need that time, and an exception raised into them would cut them short)."""
+    now = time.monotonic()
+    return now + max(_AGAIN_MIN_SECONDS, (current.deadline - current.margin - now) / 4)
 
 
 def _end_attempt(ending: Preempted) -> None:
