@@ -26,6 +26,7 @@ OTHER_LIBRARIES = {
     "StorageReader": "torch.distributed.checkpoint",
     "StorageWriter": "torch.distributed.checkpoint",
     "RuntimeSystemError": "flyte.errors",
+    "SignalException": "torch.distributed.elastic.multiprocessing.api",
 }
 
 
