@@ -152,8 +152,17 @@ class LimitCounter:
                 f"declares {content_size}); " + _RAISE_HINT.format(env=MAX_TOTAL_BYTES_ENV)
             )
 
+    def padding(self, count: int) -> None:
+        """Count ``count`` zero bytes read after the end-of-archive marker: tar pads its last
+        record with a few KiB of them, and the expansion bound keeps a foreign archive from
+        making a load inflate terabytes of them."""
+        self._expanded(count, "in the zeros after its end-of-archive marker")
+
     def unpacked_bytes(self, count: int, name: str) -> None:
         """Count ``count`` bytes of content read from the archive, at member ``name``."""
+        self._expanded(count, f"at member {name!r}")
+
+    def _expanded(self, count: int, where: str) -> None:
         self.unpacked += count
         ratio, floor = self.limits.max_expansion_ratio, self.limits.expansion_checked_after_bytes
         if self._compressed_read is None or ratio is None or self.unpacked <= floor:
@@ -161,7 +170,7 @@ class LimitCounter:
         read = self._compressed_read()
         if self.unpacked > ratio * read:
             raise ArchiveLimitError(
-                f"archive unpacked to {self.unpacked} bytes (at member {name!r}) from only {read} "
+                f"archive unpacked to {self.unpacked} bytes ({where}) from only {read} "
                 f"compressed bytes, more than ExtractionLimits.max_expansion_ratio={ratio:g} times "
                 f"(checked past {floor} bytes), and it records no content size of its own: this is "
                 "how a decompression bomb looks; " + _RAISE_HINT.format(env=MAX_EXPANSION_RATIO_ENV)

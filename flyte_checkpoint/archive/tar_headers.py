@@ -7,6 +7,7 @@ import re
 import struct
 import tarfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
@@ -149,8 +150,11 @@ class Entry:
 class TarReader:
     """Reads tar members from a stream, one at a time, with their data on demand."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: IO[bytes], padding: Callable[[int], None] | None = None) -> None:
+        """``padding(count)`` is told of each ``count`` zero bytes read after the end-of-archive
+        block, so that they count against the caller's limits like content does."""
         self._stream = stream
+        self._padding_read = padding
         self.position = 0
         self._global: dict[str, str] = {}
         self._global_bytes = 0
@@ -190,6 +194,8 @@ class TarReader:
         """
         while chunk := self._read(CHUNK):
             if chunk.count(0) == len(chunk):
+                if self._padding_read is not None:
+                    self._padding_read(len(chunk))
                 continue
             start = self.position - len(chunk)
             found = start + len(chunk) - len(chunk.lstrip(b"\x00"))

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flyte_checkpoint import Checkpoint, CheckpointCorruptError
+from flyte_checkpoint import ArchiveLimitError, Checkpoint, CheckpointCorruptError
+from flyte_checkpoint.archive.limits import MAX_EXPANSION_RATIO_ENV
 from flyte_checkpoint.inspection import inspect_object
 from tests.security import hostile
 from tests.security.hostile import BLOCK, Site, file
@@ -66,3 +67,16 @@ def test_an_archive_padded_with_zeros_after_its_end_loads(site: Site) -> None:
         restored = checkpoint.load_sync()
         assert restored is not None
         assert (restored / "first.txt").read_bytes() == b"one"
+
+
+def test_gigabytes_of_zeros_after_the_end_are_refused_by_the_expansion_bound(site: Site) -> None:
+    # 300 KiB of gzip that inflates to 300 MiB of "padding": past the 256 MiB after which the
+    # expansion bound applies to an archive without our record, as it does to content.
+    data = hostile.tar_gz(FIRST) + hostile.zeros_gzip_member(300 << 20)
+    site.write_source(data)
+    with Checkpoint(site.destination, str(site.source)) as checkpoint:
+        with pytest.raises(ArchiveLimitError, match="in the zeros after its end-of-archive marker"):
+            checkpoint.load_sync()
+        assert list(checkpoint.path.iterdir()) == []
+    with pytest.raises(ArchiveLimitError, match=MAX_EXPANSION_RATIO_ENV):
+        inspect_object(str(site.source), verify=True)
