@@ -76,7 +76,7 @@ class _Extractor:
         self.symlinks: list[tuple[str, str, str]] = []
 
     def run(self, stream: IO[bytes]) -> None:
-        reader = TarReader(stream)
+        reader = TarReader(stream, self.counter.padding)
         while (entry := reader.next()) is not None:
             self._count(entry)
             try:

@@ -50,7 +50,7 @@ def list_members(
     counted = CountingReader(source)
     counter = LimitCounter(limits or ExtractionLimits(), (lambda: counted.count) if compressed else None)
     with tar_stream(cast(IO[bytes], counted), compressed=compressed) as plain:
-        reader = TarReader(plain)
+        reader = TarReader(plain, counter.padding)
         while (entry := reader.next()) is not None:
             kind: MemberKind = _KINDS.get(entry.type, "other")
             content = entry.size if kind == "file" else 0

@@ -6,8 +6,7 @@ import io
 import zlib
 from typing import IO, Literal
 
-from flyte_checkpoint.archive.tar_headers import TAR_BLOCK, ZERO_BLOCK, parse_header
-from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.archive.tar_headers import TAR_BLOCK, ZERO_BLOCK, is_header
 
 ObjectKind = Literal["archive", "payload"]
 
@@ -48,11 +47,7 @@ def _looks_like_tar(head: bytes) -> bool:
     if block == ZERO_BLOCK:
         # An empty archive is two zero blocks; a directory with no children saves as one.
         return head[: 2 * TAR_BLOCK] == bytes(2 * TAR_BLOCK)
-    try:
-        parse_header(block, 0)
-    except CheckpointCorruptError:
-        return False
-    return True
+    return is_header(block)
 
 
 class PrefixedReader(io.RawIOBase):

@@ -7,6 +7,7 @@ import re
 import struct
 import tarfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
@@ -90,6 +91,15 @@ def parse_header(block: bytes, offset: int) -> _Header:
     )
 
 
+def is_header(block: bytes) -> bool:
+    """Whether ``block`` is a sound tar header."""
+    try:
+        parse_header(block, 0)
+    except CheckpointCorruptError:
+        return False
+    return True
+
+
 def _pax_records(data: bytes, header: str, offset: int) -> dict[str, str]:
     """Parse ``"<length> <key>=<value>\\n"`` records in linear time; anything else is corruption."""
     records: dict[str, str] = {}
@@ -140,8 +150,11 @@ class Entry:
 class TarReader:
     """Reads tar members from a stream, one at a time, with their data on demand."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: IO[bytes], padding: Callable[[int], None] | None = None) -> None:
+        """``padding(count)`` is told of each ``count`` zero bytes read after the end-of-archive
+        block, so that they count against the caller's limits like content does."""
         self._stream = stream
+        self._padding_read = padding
         self.position = 0
         self._global: dict[str, str] = {}
         self._global_bytes = 0
@@ -170,6 +183,37 @@ class TarReader:
             if not chunk:
                 raise self._truncated("it ends inside a member's data")
             size -= len(chunk)
+
+    def _check_only_zeros_follow(self, end: int) -> None:
+        """Read the stream to its end: after the end-of-archive block at ``end`` only zeros may
+        follow (the padding of tar's last record), never a second archive or other data.
+
+        Both would be ignored otherwise: two ``.tar.gz`` files concatenated unpack as one tar
+        stream that holds a second archive after the first one's end, which loaded as the first
+        alone while bytes after the gzip stream were refused.
+        """
+        while chunk := self._read(CHUNK):
+            if chunk.count(0) == len(chunk):
+                if self._padding_read is not None:
+                    self._padding_read(len(chunk))
+                continue
+            start = self.position - len(chunk)
+            found = start + len(chunk) - len(chunk.lstrip(b"\x00"))
+            block_start = found - found % TAR_BLOCK
+            block = chunk[block_start - start : block_start - start + TAR_BLOCK]
+            if block_start >= start and len(block) == TAR_BLOCK and is_header(block):
+                what = (
+                    f"a second archive starts at byte {block_start} (its first member is "
+                    f"{parse_header(block, block_start).name!r}): two archives were concatenated "
+                    "(cat a.tar.gz b.tar.gz), and only the first would be restored"
+                )
+            else:
+                what = f"data that is not part of it starts at byte {found}"
+            raise CheckpointCorruptError(
+                f"archive is damaged: after its end-of-archive marker (byte {end} of the tar "
+                f"stream), {what}; a checkpoint holds one archive, so re-create it as one (tar "
+                "czf of the whole tree)"
+            )
 
     def read_data(self, size: int) -> bytes:
         """Up to ``size`` bytes of the current member's data; ``b""`` once it is all read."""
@@ -215,6 +259,7 @@ class TarReader:
                     raise CheckpointCorruptError(
                         f"archive is damaged at byte {offset}: an extended header is followed by no member"
                     )
+                self._check_only_zeros_follow(offset)
                 return None
             header = parse_header(block, offset)
             if header.type in _PAX_TYPES:

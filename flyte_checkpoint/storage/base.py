@@ -494,10 +494,17 @@ def _without_scheme(uri: str) -> str:
 
 
 def copy_stream(reader: VerifyingReader, backend: Backend, dst: str) -> ObjectInfo:
-    """Stream ``reader`` into a new object at ``dst`` on ``backend``, keeping its format record."""
+    """Stream ``reader`` into a new object at ``dst`` on ``backend``, keeping its format record.
+
+    A directory archive keeps its recorded content size too: without it the copy loads as an
+    archive of another tool, and a zero-heavy one of ours is refused as a bomb.
+    """
     metadata = {}
     if reader.info.recorded_format:
         metadata[FORMAT_KEY] = reader.info.recorded_format
+    content_size = reader.info.recorded_content_size
+    if content_size is not None:
+        metadata[CONTENT_SIZE_KEY] = str(content_size)
     digest = reader.info.recorded_digest
     size = reader.info.size if digest else None
     with reader, backend.open_write(dst, metadata, declared_digest=digest, declared_size=size) as writer:

@@ -6,10 +6,17 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from flyte_checkpoint import ArchiveLimitError, Checkpoint, ConfigurationError
+from flyte_checkpoint import (
+    ArchiveLimitError,
+    Checkpoint,
+    ConfigurationError,
+    current_checkpoint,
+    run_with_retries,
+)
 from flyte_checkpoint.archive.limits import MAX_EXPANSION_RATIO_ENV, ExtractionLimits
 from flyte_checkpoint.inspection import inspect_object
 from tests.storage_servers import StorageServer, create_bucket
@@ -36,16 +43,21 @@ def zeros_archive_of_another_tool() -> bytes:
     return packed.getvalue()
 
 
+def location(
+    where: str, name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> tuple[str, dict[str, Any] | None]:
+    """``name`` on local disk or in a fresh bucket of the S3 server, with its storage options."""
+    if where == "local":
+        return str(tmp_path / name), None
+    server: StorageServer = request.getfixturevalue("s3_server")
+    return f"s3://{create_bucket(server)}/{name}", server.storage_options
+
+
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_zero_heavy_directory_we_saved_loads_with_the_default_limits_and_verifies(
     where: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    options = None
-    uri = str(tmp_path / "ckpt")
-    if where == "s3":
-        server: StorageServer = request.getfixturevalue("s3_server")
-        options = server.storage_options
-        uri = f"s3://{create_bucket(server)}/ckpt"
+    uri, options = location(where, "ckpt", tmp_path, request)
     Checkpoint(uri, storage_options=options).save_sync(preallocated(tmp_path / "model"))
     assert inspect_object(uri, storage_options=options, verify=True).verified
     with Checkpoint(tmp_path / "unused", uri, storage_options=options) as helper:
@@ -92,3 +104,23 @@ def test_a_malformed_limit_in_the_environment_is_a_configuration_error(
     monkeypatch.setenv(MAX_EXPANSION_RATIO_ENV, raw)
     with pytest.raises(ConfigurationError, match=MAX_EXPANSION_RATIO_ENV):
         ExtractionLimits()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_zero_heavy_directory_saved_by_a_task_loads_on_its_retry(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    run_dir, options = location(where, "run", tmp_path, request)
+    model = preallocated(tmp_path / "model")
+    restored_sizes: list[int] = []
+
+    def task() -> None:
+        checkpoint = current_checkpoint()
+        restored = checkpoint.load_sync()
+        if restored is None:
+            checkpoint.save_sync(model)
+            raise RuntimeError("the first attempt fails after saving")
+        restored_sizes.append((restored / "buffer.bin").stat().st_size)
+
+    run_with_retries(task, retries=1, checkpoint_dir=run_dir, storage_options=options)
+    assert restored_sizes == [ZEROS]

@@ -198,23 +198,36 @@ def symlink_realpath_overflow(component_length: int, steps: str = "abcdefghijklm
     return members
 
 
-def write_many_members_tar_gz(sink: IO[bytes], count: int) -> None:
-    """Stream a tar.gz of ``count`` empty regular files, all named ``m``, into ``sink``.
+def write_many_members_tar_gz(sink: IO[bytes], count: int, *, distinct: bool = False) -> None:
+    """Stream a tar.gz of ``count`` empty regular files into ``sink``.
 
-    Every member has the same name, so an extractor that keeps going replaces one file over and
-    over: the archive tests member counting, not disk space. Written block by block (ustar, no
-    extended headers), so it costs a few seconds per million members, not memory.
+    By default every member is named ``m``, so an extractor that keeps going replaces one file
+    over and over: the archive tests member counting, not disk space. With ``distinct`` they are
+    ``0000000``, ``0000001``, ...: each one a new file, as in a foreign archive built to make an
+    extractor create (and then remove) millions of them. Written block by block (ustar, no
+    extended headers), so it costs seconds per million members, not memory.
     """
-    header = file("m", b"", fmt=tarfile.USTAR_FORMAT).header
-    batch = header * 4096
+    header = file("m" if not distinct else "0" * 7, b"", fmt=tarfile.USTAR_FORMAT).header
     compressor = zlib.compressobj(1, zlib.DEFLATED, 31)
-    remaining = count
-    while remaining:
-        step = min(remaining, 4096)
-        sink.write(compressor.compress(batch if step == 4096 else header * step))
-        remaining -= step
+    for first in range(0, count, 4096):
+        step = min(count - first, 4096)
+        batch = (
+            [_renamed(header, b"%07d" % number) for number in range(first, first + step)]
+            if distinct
+            else [header] * step
+        )
+        sink.write(compressor.compress(b"".join(batch)))
     sink.write(compressor.compress(END_OF_ARCHIVE))
     sink.write(compressor.flush())
+
+
+def _renamed(header: bytes, name: bytes) -> bytes:
+    """The ustar ``header`` with a name of the same length, its checksum redone."""
+    block = bytearray(header)
+    block[: len(name)] = name
+    block[148:156] = b" " * 8  # the checksum field counts as spaces
+    block[148:156] = b"%06o\x00 " % sum(block)
+    return bytes(block)
 
 
 # ---------------------------------------------------------------------------------------------

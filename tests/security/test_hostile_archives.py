@@ -42,6 +42,7 @@ from flyte_checkpoint import (
     ExtractionLimits,
     UnsafeArchiveError,
 )
+from flyte_checkpoint.archive.limits import MAX_UNRECORDED_MEMBERS_ENV
 from tests.security import hostile
 from tests.security.hostile import Member, Site, directory, file, hardlink, special, symlink
 
@@ -369,13 +370,46 @@ def test_a_pax_header_built_to_backtrack_regular_expressions_is_refused_quickly(
     assert time.monotonic() - started < 2
 
 
+@pytest.mark.timeout(300)
+def test_a_foreign_archive_of_many_empty_files_is_refused_by_the_default_unrecorded_member_limit(
+    site: Site,
+) -> None:
+    # A scaled-down million: past the 10,000 members an archive without our record may hold,
+    # far below the 1,000,000 of max_members, which refused it only after minutes of creating files.
+    with open(site.source, "wb") as sink:
+        hostile.write_many_members_tar_gz(sink, 12_000, distinct=True)
+    error = refuse(site, site.source.read_bytes(), member="0010000", error=ArchiveLimitError)
+    assert "max_unrecorded_members=10000" in str(error)
+    assert MAX_UNRECORDED_MEMBERS_ENV in str(error)
+
+
+def test_an_archive_we_saved_may_hold_more_members_than_a_foreign_one(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MAX_UNRECORDED_MEMBERS_ENV, "50")
+    tree = site.root / "tree"
+    tree.mkdir()
+    for number in range(60):
+        (tree / f"f{number:02d}").write_bytes(b"x")
+    Checkpoint(str(site.source)).save_sync(tree)
+    checkpoint, restored = load_tree(site)
+    with checkpoint:
+        assert sorted(path.name for path in restored.iterdir()) == sorted(
+            path.name for path in tree.iterdir()
+        )
+    # The same bytes without our record (copied by a tool that drops it) are a foreign archive.
+    refuse(site, site.source.read_bytes(), member="f50", error=ArchiveLimitError)
+
+
 @pytest.mark.skipif(not SLOW, reason="set FLYTE_CHECKPOINT_SLOW_TESTS=1 to run")
 @pytest.mark.timeout(900)
 def test_millions_of_tiny_members_hit_the_default_member_limit_in_flat_memory(site: Site) -> None:
     count = 1_200_000
     with open(site.source, "wb") as sink:
         hostile.write_many_members_tar_gz(sink, count)
-    checkpoint = Checkpoint(site.destination, str(site.source))
+    # Only max_members: the bound for foreign archives would refuse them 990,000 members earlier.
+    limits = ExtractionLimits(max_unrecorded_members=None)
+    checkpoint = Checkpoint(site.destination, str(site.source), extraction_limits=limits)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         with pytest.raises(ArchiveLimitError) as raised:

@@ -1,0 +1,48 @@
+"""A checkpoint on one object store imports that store's client only.
+
+Each client costs a quarter to half a second to import (gcsfs pulls google-auth, adlfs
+azure-core and azure-storage-blob), before the first byte moves: a task saving to S3 must not
+pay for the other two. Checked in a fresh interpreter, which has imported nothing yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.storage_servers import StorageServer, create_bucket
+
+CLIENTS = {"s3": "s3fs", "gs": "gcsfs", "abfs": "adlfs"}
+PROGRAM = """
+import json, sys
+from flyte_checkpoint import Checkpoint
+uri, options = sys.argv[1], json.loads(sys.argv[2])
+with Checkpoint(uri, storage_options=options) as checkpoint:
+    checkpoint.save_sync(bytes(1024))
+print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in {clients!r})))
+"""
+
+
+@pytest.mark.parametrize("fixture", ["s3_server", "gcs_server", "azure_server"])
+def test_saving_to_one_store_imports_no_other_stores_client(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    server: StorageServer = request.getfixturevalue(fixture)
+    uri = server.url(create_bucket(server), "ckpt")
+    program = PROGRAM.format(clients=set(CLIENTS.values()))
+    done = subprocess.run(
+        [sys.executable, "-c", program, uri, json.dumps(server.storage_options)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    imported = {name.split(".")[0] for name in json.loads(done.stdout.splitlines()[-1])}
+    assert imported == {CLIENTS[server.protocol]}
