@@ -1,0 +1,81 @@
+"""What a new user reads first says what is true: the comparison with the SDK's own helper
+quotes measured figures, and the install commands work for a package no registry has."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.docs.blocks import DOCS, ROOT
+
+README = ROOT / "README.md"
+HOME = DOCS / "index.md"
+# Where the repository's measurements are written up; a figure in the comparison must be one of
+# theirs, so it cannot be made up, nor drift from the runs it quotes.
+MEASUREMENTS = (DOCS / "performance.md", DOCS / "reliability.md", ROOT / "benchmarks" / "README.md")
+COMPARISON = "## Why not flyte-sdk's own `flyte.Checkpoint`"
+NUMBER = re.compile(r"\d+(?:\.\d+)*")
+
+
+def comparison_table(page: Path) -> str:
+    """The table under the comparison heading of ``page``."""
+    text = page.read_text()
+    assert COMPARISON in text, f"{page.name} has no section {COMPARISON!r}"
+    section = text.split(COMPARISON, 1)[1]
+    return "\n".join(line for line in section.splitlines() if line.startswith("|"))
+
+
+def test_the_readme_and_the_home_page_show_the_same_comparison_with_the_sdk() -> None:
+    table = comparison_table(HOME)
+    assert table == comparison_table(README)
+    rows = {line.split("|")[1].strip() for line in table.splitlines()[2:]}
+    for subject in (
+        "Speed",
+        "Silent fresh starts",
+        "Corruption",
+        "Background saves",
+        "Preemption",
+        "Command line",
+        "Format compatibility",
+    ):
+        assert any(row.startswith(f"**{subject}**") for row in rows), f"no row on {subject}"
+
+
+def test_every_figure_in_the_comparison_is_a_measured_one() -> None:
+    measured = set(NUMBER.findall("".join(path.read_text() for path in MEASUREMENTS)))
+    quoted = set(NUMBER.findall(comparison_table(HOME)))
+    assert quoted - {"0"}, "the comparison quotes no figure"
+    assert quoted <= measured, f"figures no measurement gives: {sorted(quoted - measured)}"
+
+
+def _texts_a_user_reads() -> list[Path]:
+    """The pages, the examples' docstrings and the package's own (the reference, its messages)."""
+    return [
+        README,
+        *sorted(DOCS.rglob("*.md")),
+        *sorted((ROOT / "examples").rglob("*.py")),
+        *sorted((ROOT / "flyte_checkpoint").rglob("*.py")),
+    ]
+
+
+def test_no_install_command_names_a_package_no_registry_has() -> None:
+    # The package is installed from a checkout (`pip install '.[s3]'`) or a wheel built there:
+    # `pip install 'flyte-checkpoint[s3]'` fails for every new user.
+    unreachable = re.compile(r"pip install '?flyte-checkpoint\b")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in _texts_a_user_reads()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if unreachable.search(line)
+    ]
+    assert not found, f"install commands that cannot work: {found}"
+
+
+def test_get_started_installs_the_wheel_this_version_builds() -> None:
+    # Read with a pattern: tomllib is no module on Python 3.10, which the package supports.
+    found = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert found, "pyproject.toml names no version"
+    version = found.group(1)
+    text = (DOCS / "get-started.md").read_text()
+    assert "pip install '.[s3]'" in text
+    assert f"pip install 'dist/flyte_checkpoint-{version}-py3-none-any.whl[s3]'" in text
