@@ -327,3 +327,12 @@ def test_every_relative_link_in_the_readme_names_a_file() -> None:
     assert targets, "the README links to no page"
     missing = [target for target in targets if not (ROOT / target).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_a_search_for_preempted_weighs_the_preemption_guide_above_the_reference(site: Path) -> None:
+    # Material's search ranks by lunr's score times a page's boost (`search: boost` in its front
+    # matter); unboosted, the reference pages, which name `preempted` in many entries, came first.
+    index = json.loads((site / "search" / "search_index.json").read_text())
+    boosts = {entry["location"]: entry.get("boost", 1) for entry in index["docs"]}
+    assert boosts["guides/preemption/"] > 1
+    assert all(boost == 1 for location, boost in boosts.items() if location.startswith("reference/"))

@@ -79,3 +79,53 @@ def test_get_started_installs_the_wheel_this_version_builds() -> None:
     text = (DOCS / "get-started.md").read_text()
     assert "pip install '.[s3]'" in text
     assert f"pip install 'dist/flyte_checkpoint-{version}-py3-none-any.whl[s3]'" in text
+
+
+PREEMPTION = DOCS / "guides" / "preemption.md"
+FENCED = re.compile(r"^(`{3,})([\w-]*)[^\n]*\n(.*?)^\1[ \t]*$", re.DOTALL | re.MULTILINE)
+
+
+def sections(page: Path) -> dict[str, str]:
+    """``page``'s prose by heading (its code blocks left out), the text before the first under ``""``."""
+    found: dict[str, str] = {}
+    heading = ""
+    for line in FENCED.sub("", page.read_text()).splitlines():
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+            found[heading] = ""
+        else:
+            found[heading] = found.get(heading, "") + line + "\n"
+    return found
+
+
+def test_the_preemption_guide_is_in_sections_a_reader_can_find() -> None:
+    # It was one bullet list of 736 words under the title, with an empty table of contents.
+    text = PREEMPTION.read_text()
+    assert len(re.findall(r"^## ", text, re.MULTILINE)) >= 4
+    long = {heading: len(prose.split()) for heading, prose in sections(PREEMPTION).items()}
+    assert max(long.values()) <= 400, f"sections over 400 words: {long}"
+
+
+def test_the_preemption_guide_draws_the_timeline_from_notice_to_sigkill() -> None:
+    drawings = [code for _, language, code in FENCED.findall(PREEMPTION.read_text()) if language == "text"]
+    assert drawings, "no timeline drawn"
+    timeline = drawings[0]
+    marks = [timeline.find(mark) for mark in ("SIGTERM", "the final save", "commit", "exit", "margin")]
+    assert -1 not in marks, timeline
+    assert "SIGKILL" in timeline.splitlines()[0], "the SIGKILL ends the timeline's first line"
+
+
+def test_the_preemption_guide_says_what_each_runner_does_after_a_preemption() -> None:
+    rows = [
+        line for line in sections(PREEMPTION)["What each runner does"].splitlines() if line.startswith("| ")
+    ]
+    runners = " ".join(row.split("|")[1] for row in rows)
+    for runner in (
+        "run_with_retries",
+        "load_and_run_task",
+        "flyte-checkpoint run",
+        "on a cluster",
+        "local mode",
+        "DistributedCheckpointManager",
+    ):
+        assert runner in runners, f"no row for {runner}"
