@@ -313,6 +313,7 @@ def test_the_storage_options_table_lists_what_the_error_accepts(site: Path) -> N
     from flyte_checkpoint.storage.options import accepted_options
 
     page = (site / "reference" / "storage-options" / "index.html").read_text()
+    page = re.sub(r'</?span( class="fc-word")?>', "", page)  # the spans keeping each word whole
     # The first cell of each row: the option's name.
     listed = set(re.findall(r"<tr>\s*<td><code>([^<]+)</code></td>", page))
     accepted = {name for scheme in ("s3", "gs", "abfs") for name in accepted_options(scheme)}
@@ -336,3 +337,8 @@ def test_a_search_for_preempted_weighs_the_preemption_guide_above_the_reference(
     boosts = {entry["location"]: entry.get("boost", 1) for entry in index["docs"]}
     assert boosts["guides/preemption/"] > 1
     assert all(boost == 1 for location, boost in boosts.items() if location.startswith("reference/"))
+
+
+def test_the_site_publishes_no_source_of_its_hooks(site: Path) -> None:
+    # docs/hooks/*.py are MkDocs hooks: under docs_dir, they were copied to the site as files.
+    assert not sorted(site.rglob("*.py"))

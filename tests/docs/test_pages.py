@@ -129,3 +129,52 @@ def test_the_preemption_guide_says_what_each_runner_does_after_a_preemption() ->
         "DistributedCheckpointManager",
     ):
         assert runner in runners, f"no row for {runner}"
+
+
+def _python_code() -> str:
+    return "\n".join(code for page in (README, *DOCS.rglob("*.md")) for code in _python_blocks(page))
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return [code for _, language, code in FENCED.findall(page.read_text()) if language == "python"]
+
+
+def test_every_lightning_trainer_shown_says_how_long_it_trains() -> None:
+    # Lightning's default is 1000 epochs: a snippet copied as written trains for hours.
+    trainers = re.findall(r"\bL\.Trainer\((.*?)\)\s*(?:#.*)?$", _python_code(), re.MULTILINE)
+    assert trainers, "no Trainer shown: has the Lightning snippet moved?"
+    assert all("max_epochs=" in call or "max_steps=" in call for call in trainers), trainers
+
+
+def test_every_local_flyte_run_shown_says_where_its_data_goes() -> None:
+    # Without raw_data_path the SDK's local mode writes under /tmp/flyte/raw_data, which every
+    # local run of the machine shares.
+    runs = re.findall(r"with_runcontext\((.*?)\)", _python_code())
+    assert runs, "no local Flyte run shown: has the snippet moved?"
+    assert all("raw_data_path=" in arguments for arguments in runs if "local" in arguments), runs
+
+
+def test_the_dcp_guide_names_the_extra_it_needs() -> None:
+    assert "pip install '.[torch" in (DOCS / "guides" / "multi-node-dcp.md").read_text()
+
+
+def test_get_started_sends_ray_and_dcp_readers_to_their_own_guides() -> None:
+    install = sections(DOCS / "get-started.md")["Install"]
+    assert "(guides/ray.md)" in install
+    assert "(guides/multi-node-dcp.md)" in install
+
+
+PLACEHOLDER = re.compile(r'"\.\.\."|"/path/to/key\.json"|http://127\.0\.0\.1:9000')
+FENCE_INFO = re.compile(r"^(`{3,})python([^\n]*)\n(.*?)^\1[ \t]*$", re.DOTALL | re.MULTILINE)
+
+
+def test_a_python_block_that_cannot_run_as_written_says_so_on_the_page() -> None:
+    # A reader copies a block as shown: one holding placeholders (a key "...", a key file) fails
+    # until they are filled in, and its title says so where the code is.
+    unmarked = [
+        f"{page.relative_to(ROOT)}: {code.splitlines()[0]}"
+        for page in (README, *sorted(DOCS.rglob("*.md")))
+        for _, info, code in FENCE_INFO.findall(page.read_text())
+        if PLACEHOLDER.search(code) and not re.search(r'title="[^"]*\byour\b', info, re.IGNORECASE)
+    ]
+    assert not unmarked, f"blocks with placeholders and no title saying so: {unmarked}"
