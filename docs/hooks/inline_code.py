@@ -5,7 +5,9 @@ break a line inside it after a hyphen (`[--` / `verify]`), and the theme anywher
 (`CheckpointCorru` / `ptError`). CSS alone cannot forbid the first without forbidding every
 break, so each run of non-space characters of an inline ``<code>`` is wrapped in a
 ``<span class="fc-word">`` that ``docs/assets/stylesheets/extra.css`` keeps on one line; the
-text, and what a reader copies, is unchanged. Code blocks (``<pre>``) are left alone."""
+text, and what a reader copies, is unchanged. A dotted name may still break after a dot
+(``gcsfs.`` / ``GCSFileSystem``, a ``<wbr>``): whole, the longest ones widened a table past the
+page. Code blocks (``<pre>``) are left alone."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Any
 # A code block, kept as is, or an inline code element whose content is plain text (no tags).
 _PRE_OR_CODE = re.compile(r"(<pre\b.*?</pre>)|<code>([^<]*)</code>", re.DOTALL)
 _WORD = re.compile(r"\S+")
+# A dot between two parts of a dotted name (`adlfs.AzureBlobFileSystem`), not `'.[s3]'` nor `0.1.0`.
+_NAME_DOT = re.compile(r"(?<=\w)\.(?=[A-Za-z_])")
 
 
 def words_kept_whole(html: str) -> str:
@@ -23,7 +27,11 @@ def words_kept_whole(html: str) -> str:
     def replace(match: re.Match[str]) -> str:
         if match.group(1) is not None:
             return match.group(1)
-        inner = _WORD.sub(lambda word: f'<span class="fc-word">{word.group(0)}</span>', match.group(2))
+
+        def whole(word: re.Match[str]) -> str:
+            return f'<span class="fc-word">{_NAME_DOT.sub(".<wbr>", word.group(0))}</span>'
+
+        inner = _WORD.sub(whole, match.group(2))
         return f"<code>{inner}</code>"
 
     return _PRE_OR_CODE.sub(replace, html)

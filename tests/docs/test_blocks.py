@@ -84,3 +84,11 @@ def test_inline_code_is_kept_whole_between_its_spaces_and_code_blocks_are_left_a
         '<p><code><span class="fc-word">pip</span> <span class="fc-word">install</span> '
         "<span class=\"fc-word\">'.[s3]'</span></code></p><pre><code>a-b c</code></pre>"
     )
+
+
+def test_a_dotted_name_in_inline_code_may_break_after_its_dots_only() -> None:
+    html = "<code>gcsfs.GCSFileSystem v0.1.0</code>"
+    assert _hook("inline_code").words_kept_whole(html) == (
+        '<code><span class="fc-word">gcsfs.<wbr>GCSFileSystem</span> '
+        '<span class="fc-word">v0.1.0</span></code>'
+    )
