@@ -1,6 +1,6 @@
 """Example: a Flyte task whose retries resume from a ``flyte_checkpoint`` checkpoint.
 
-Run it with ``python examples/flyte_task.py`` (needs ``pip install 'flyte-checkpoint[flyte]'``).
+Run it with ``python examples/flyte_task.py`` (needs ``pip install '.[flyte]'``).
 It runs in the Flyte SDK's local mode, offline: the task counts to N, saving after each step,
 and fails on purpose every few steps; the SDK retries it (``retries=``), copying the last
 checkpoint to ``prev_checkpoint`` before each retry, and every attempt resumes where the last one

@@ -1,7 +1,7 @@
 """Example: a Lightning run that crashes mid-epoch and resumes from its last checkpoint on retry.
 
 Run it with ``python examples/lightning_resume.py`` (needs ``pip install torch==2.13.0`` and
-``pip install 'flyte-checkpoint[lightning]'``). A tiny regressor trains on CPU for a few epochs;
+``pip install '.[lightning]'``). A tiny regressor trains on CPU for a few epochs;
 the first attempt fails on purpose in the middle of an epoch; the retry restores the directory
 ``MirroredModelCheckpoint`` saved after the last finished epoch and continues from there.
 

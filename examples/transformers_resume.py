@@ -1,7 +1,7 @@
 """Example: a Hugging Face ``Trainer`` run that crashes mid-run and resumes from its last checkpoint.
 
 Run it with ``python examples/transformers_resume.py`` (needs ``pip install torch==2.13.0`` and
-``pip install 'flyte-checkpoint[transformers]'``). A one-layer GPT-2 built from a config in code
+``pip install '.[transformers]'``). A one-layer GPT-2 built from a config in code
 (hidden size 16, vocabulary 32: nothing is downloaded) trains on CPU on made-up token sequences
 and writes ``checkpoint-<step>`` folders; ``MirrorOutputDirCallback`` saves the output directory
 after each one. The first attempt fails on purpose between two checkpoints; the retry restores

@@ -39,6 +39,10 @@ DEFECTS = (
     '<a href="../no-such-page/">to no page</a>'
     '<img src="missing.png" alt="">'
     '<script>console.error("an error from the page")</script>'
+    # A code line far wider than the column at 1280 px, and one inline token longer than a line,
+    # which the theme breaks inside (it lets inline code break anywhere).
+    f"<pre><code>{'x = 1  # ' + 'a long comment ' * 20}</code></pre>"
+    f"<p><code>{'CheckpointCorruptError' * 8}</code></p>"
 )
 
 
@@ -124,3 +128,15 @@ def test_a_missing_asset_is_reported(broken_run: subprocess.CompletedProcess[str
 
 def test_a_console_error_is_reported(broken_run: subprocess.CompletedProcess[str]) -> None:
     assert "console error: an error from the page" in broken_run.stdout
+
+
+def test_a_code_line_clipped_at_the_window_width_is_reported(
+    broken_run: subprocess.CompletedProcess[str],
+) -> None:
+    assert "code line clipped at 1280 px: 309 characters: x = 1  # a long comment" in broken_run.stdout
+
+
+def test_inline_code_broken_inside_a_word_is_reported(broken_run: subprocess.CompletedProcess[str]) -> None:
+    assert (
+        "inline code broken inside a word: CheckpointCorruptErrorCheckpointCorruptError" in broken_run.stdout
+    )

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 PUBLIC_MODULES = ("flyte_checkpoint", "flyte_checkpoint.state", "flyte_checkpoint.distributed")
-# Classes of other libraries the README names (torch.distributed.checkpoint's own), where they live.
+# Classes of other libraries the pages name (torch's, the Flyte SDK's), where they live.
 OTHER_LIBRARIES = {
     "AsyncCheckpointerType": "torch.distributed.checkpoint.state_dict_saver",
     "CheckpointException": "torch.distributed.checkpoint",

@@ -1,6 +1,6 @@
 """Flyte SDK plugin: inside a Flyte task, ``flyte.ctx().checkpoint`` is a ``flyte_checkpoint.Checkpoint``.
 
-Install the extra (``pip install 'flyte-checkpoint[flyte]'``) and add one line to the module that
+Install the extra (``pip install '.[flyte]'``) and add one line to the module that
 defines your tasks, so it runs wherever that module is imported (your machine and the task's
 container alike)::
 

@@ -1,7 +1,7 @@
 """PyTorch Lightning: mirror ``ModelCheckpoint``'s directory to a checkpoint, and resume from it.
 
 Install with ``pip install torch==2.13.0`` (or any build you prefer) then
-``pip install 'flyte-checkpoint[lightning]'``::
+``pip install '.[lightning]'``::
 
     from flyte_checkpoint import ctx
     from flyte_checkpoint.integrations.lightning import MirroredModelCheckpoint, restore_last_checkpoint

@@ -1,7 +1,7 @@
 """Hugging Face ``Trainer``: save the output directory after each checkpoint, and resume from it.
 
 Install with ``pip install torch==2.13.0`` (or any build you prefer) then
-``pip install 'flyte-checkpoint[transformers]'``::
+``pip install '.[transformers]'``::
 
     from flyte_checkpoint import ctx
     from flyte_checkpoint.integrations.transformers import MirrorOutputDirCallback, restore_last_checkpoint

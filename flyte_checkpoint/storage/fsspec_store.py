@@ -21,6 +21,7 @@ import abc
 import contextlib
 import dataclasses
 import importlib
+import importlib.metadata
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -84,6 +85,23 @@ class StoreProfile:
     """Storage options applied unless the caller gives their own: time bounds on every call."""
     own_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Options this package consumes itself (not passed to fsspec), with their defaults."""
+
+
+def backend_requirement(profile: StoreProfile) -> str:
+    """What ``pip install`` needs for ``profile``'s store: the requirement its extra lists in this
+    package's metadata (``s3fs>=2024.2.0``), else the implementation's module, which is its
+    distribution's name too. Not ``flyte-checkpoint[s3]``: the package is installed from a
+    checkout or a wheel, and no registry has it, so that command fails."""
+    try:
+        required = importlib.metadata.requires("flyte-checkpoint") or []
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        required = []
+    marker = f'extra == "{profile.extra}"'
+    for requirement in required:
+        spec, _, condition = requirement.partition(";")
+        if condition.strip() == marker:
+            return spec.strip()
+    return profile.implementation.partition(":")[0].partition(".")[0]
 
 
 def _copied(value: Any) -> Any:
@@ -150,7 +168,9 @@ class FsspecBackend(Backend):
         except ImportError as exc:
             raise BackendNotInstalledError(
                 f"{self.protocol}:// storage needs an fsspec backend that is not installed ({exc}); "
-                f"install it with: pip install 'flyte-checkpoint[{self.profile.extra}]'"
+                f"install it with: pip install '{backend_requirement(self.profile)}' (what the "
+                f"package's [{self.profile.extra}] extra installs: from a checkout of it, "
+                f"pip install '.[{self.profile.extra}]')"
             ) from exc
         except ValueError as exc:  # adlfs checks its credentials in the constructor
             raise constructor_error(exc, self.protocol) from exc

@@ -54,14 +54,18 @@ def test_a_console_block_is_commands_with_the_output_shown_after_each(tmp_path: 
     assert console_commands(block) == [("echo a", ["a"]), ("true", []), ("printf 'b\\nc'", ["b", "c"])]
 
 
-def _sphinx_roles() -> Any:
-    # Loaded from its file, as MkDocs loads it: docs/ is no package.
-    spec = importlib.util.spec_from_file_location("sphinx_roles", ROOT / "docs" / "hooks" / "sphinx_roles.py")
+def _hook(name: str) -> Any:
+    """``docs/hooks/<name>.py``, loaded from its file as MkDocs loads it: docs/ is no package."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / "hooks" / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _sphinx_roles() -> Any:
+    return _hook("sphinx_roles")
 
 
 def test_sphinx_roles_in_docstrings_become_code_spans() -> None:
@@ -72,3 +76,19 @@ def test_sphinx_roles_in_docstrings_become_code_spans() -> None:
 def test_the_marks_of_literal_blocks_in_docstrings_are_not_shown() -> None:
     text = "Use it::\n\n    x = 1\n\nor\n\n::\n\n    y = 2\n"
     assert _sphinx_roles().plain_roles(text) == "Use it:\n\n    x = 1\n\nor\n\n\n    y = 2\n"
+
+
+def test_inline_code_is_kept_whole_between_its_spaces_and_code_blocks_are_left_alone() -> None:
+    html = "<p><code>pip install '.[s3]'</code></p><pre><code>a-b c</code></pre>"
+    assert _hook("inline_code").words_kept_whole(html) == (
+        '<p><code><span class="fc-word">pip</span> <span class="fc-word">install</span> '
+        "<span class=\"fc-word\">'.[s3]'</span></code></p><pre><code>a-b c</code></pre>"
+    )
+
+
+def test_a_dotted_name_in_inline_code_may_break_after_its_dots_only() -> None:
+    html = "<code>gcsfs.GCSFileSystem v0.1.0</code>"
+    assert _hook("inline_code").words_kept_whole(html) == (
+        '<code><span class="fc-word">gcsfs.<wbr>GCSFileSystem</span> '
+        '<span class="fc-word">v0.1.0</span></code>'
+    )

@@ -313,6 +313,7 @@ def test_the_storage_options_table_lists_what_the_error_accepts(site: Path) -> N
     from flyte_checkpoint.storage.options import accepted_options
 
     page = (site / "reference" / "storage-options" / "index.html").read_text()
+    page = re.sub(r'</?span( class="fc-word")?>', "", page)  # the spans keeping each word whole
     # The first cell of each row: the option's name.
     listed = set(re.findall(r"<tr>\s*<td><code>([^<]+)</code></td>", page))
     accepted = {name for scheme in ("s3", "gs", "abfs") for name in accepted_options(scheme)}
@@ -327,3 +328,26 @@ def test_every_relative_link_in_the_readme_names_a_file() -> None:
     assert targets, "the README links to no page"
     missing = [target for target in targets if not (ROOT / target).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_searching_preempted_shows_the_preemption_guide_first(site: Path) -> None:
+    # A reader typing `preempted` met reference entries (`Checkpoint.preempted`, `preempted_at`)
+    # first: the guide had the word in no heading. The site is searched in Chromium, as a reader
+    # searches it (Material's search runs in the page).
+    shown = subprocess.run(
+        ["node", str(ROOT / "tests" / "docs" / "search_site.js"), str(site), "preempted"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    pages = shown.stdout.split()
+    assert pages, "no result"
+    assert pages[0] == "/guides/preemption/", pages[:5]
+
+
+def test_the_site_publishes_no_source_of_its_hooks(site: Path) -> None:
+    # docs/hooks/*.py are MkDocs hooks: under docs_dir, they were copied to the site as files.
+    assert not sorted(site.rglob("*.py"))

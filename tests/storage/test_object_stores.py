@@ -291,14 +291,23 @@ def test_the_retry_runner_resumes_a_failing_task_from_the_store(remote: Remote) 
     assert starts == [0, 3, 6]
 
 
-def test_a_missing_backend_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, remote: Remote) -> None:
+def test_a_missing_backend_package_names_a_command_that_installs_it(
+    monkeypatch: pytest.MonkeyPatch, remote: Remote
+) -> None:
+    # The package is on no registry: `pip install 'flyte-checkpoint[s3]'` fails, the backend's own
+    # requirement (on PyPI) or the extra of a checkout (`pip install '.[s3]'`) works.
     store = type(backend_for(remote.uri("x"), remote.storage_options))
     assert issubclass(store, fsspec_store.FsspecBackend)
     missing = dataclasses.replace(store.profile, implementation="flyte_checkpoint_no_such_module:FileSystem")
     monkeypatch.setattr(store, "profile", missing)
-    extra = {"s3": "s3", "gcs": "gcs", "azure": "azure"}[remote.backend]
-    with pytest.raises(BackendNotInstalledError, match=rf"pip install 'flyte-checkpoint\[{extra}\]'"):
+    backends = {"s3": ("s3", "s3fs"), "gcs": ("gcs", "gcsfs"), "azure": ("azure", "adlfs")}
+    extra, backend = backends[remote.backend]
+    with pytest.raises(BackendNotInstalledError) as raised:
         checkpoint(remote, "x")
+    message = str(raised.value)
+    assert f"pip install '{backend}>=2024.2.0'" in message
+    assert f"pip install '.[{extra}]'" in message
+    assert "pip install 'flyte-checkpoint[" not in message
 
 
 def test_wrong_azure_credentials_name_the_uri_and_what_to_set(azure_server: Any) -> None:
