@@ -63,6 +63,8 @@ ABORT_SECONDS = 30.0
 """The most an abort of a timed-out or failed upload may wait."""
 MIN_ABORT_SECONDS = 5.0
 """The least an abort may wait, even after an operation with a shorter ``transfer_timeout``."""
+CLEANUP_PAST_CEILING_SECONDS = 0.2
+"""The most an abort may wait once the operation's ceiling (a preemption's save deadline) passed."""
 _MiB = 1 << 20
 
 _current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
@@ -186,10 +188,17 @@ class Deadline:
         return min(ABORT_SECONDS, max(MIN_ABORT_SECONDS, self.seconds))
 
     def for_cleanup(self) -> Deadline:
-        """A new bound of :meth:`abort_seconds` for cleaning up after this operation failed."""
+        """A new bound of :meth:`abort_seconds` for cleaning up after this operation failed; of
+        :data:`CLEANUP_PAST_CEILING_SECONDS` at most once its ceiling has passed."""
         action = f"cleaning up after {self._action}"
+        seconds = self.abort_seconds()
+        if self._ceiling is not None and self._ceiling.passed():
+            # A preemption's save deadline passed: what is left of the grace period is the
+            # process's to exit in, and an abort waited for (5 s at least) ran into the SIGKILL in
+            # an outside harness. An upload left unfinished is swept by the run's next attempt.
+            seconds = min(seconds, CLEANUP_PAST_CEILING_SECONDS)
         # Not under the ceiling: an abort must run even once the operation itself ran out of time.
-        return Deadline(self._uri, action, loop=self._loop, seconds=self.abort_seconds(), ceiling=None)
+        return Deadline(self._uri, action, loop=self._loop, seconds=seconds, ceiling=None)
 
     def expired(self) -> CheckpointTimeoutError:
         """The error to raise now that the bound has passed."""

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flyte_checkpoint import Checkpoint
+from flyte_checkpoint import Checkpoint, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
+from flyte_checkpoint.storage.deadline import Ceiling, finish_by
 from tests.fault_proxy import FaultProxy, stall
 from tests.storage_servers import StorageServer, create_bucket
 
@@ -85,3 +87,21 @@ def test_a_background_upload_the_final_save_superseded_stops_at_once_instead_of_
     assert len(ending) == 1
     assert "committed" in str(ending[0])
     assert stored(uri, s3_server.storage_options, tmp_path) == b"final state"
+
+
+def test_a_save_stopped_by_its_deadline_does_not_wait_for_its_abort_into_the_sigkill(
+    tmp_path: Path, s3_server: StorageServer, s3_proxy: FaultProxy
+) -> None:
+    uri = f"s3://{create_bucket(s3_server)}/ckpt"
+    options = {**s3_server.storage_options, "endpoint_url": s3_proxy.url}
+    s3_proxy.add_fault(stall(15.0, forward=True), times=None, method="PUT", path_contains="partNumber")
+    s3_proxy.add_fault(stall(15.0, forward=True), times=None, method="DELETE", path_contains="uploadId")
+    helper = Checkpoint(uri, storage_options=options)
+    began = time.monotonic()
+    deadline = Ceiling(began + 1.0, "the test's save deadline", PreemptionDeadlineError)
+    with finish_by(deadline), pytest.raises(PreemptionDeadlineError):
+        helper.save_sync(STATE)
+    # The abort used to be waited for 5 s at least, past the deadline: into the SIGKILL.
+    assert time.monotonic() - began < 4.0
+    s3_proxy.clear_faults()
+    helper.close()
