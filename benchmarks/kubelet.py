@@ -114,7 +114,9 @@ def _stored(harness: Harness, uri: str) -> dict[str, Any] | None:
     """The step stored at ``uri`` and whether its weights match it, read with the CLI's ``get``."""
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "flyte_checkpoint", "get", uri, f"{out}/r", "--quiet"]
-        done = subprocess.run([*command, *harness.store.options], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [*command, *harness.store.options], cwd=HERE, capture_output=True, text=True, timeout=300
+        )
         if done.returncode == 4:
             return None
         if done.returncode != 0:
