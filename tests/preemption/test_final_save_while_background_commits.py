@@ -32,6 +32,14 @@ def s3_proxy(s3_server: StorageServer) -> Iterator[FaultProxy]:
         yield running
 
 
+def through_the_proxy(s3_server: StorageServer, s3_proxy: FaultProxy) -> tuple[str, dict[str, Any]]:
+    """A destination in a new bucket, and the storage options that reach it through the proxy."""
+    return f"s3://{create_bucket(s3_server)}/ckpt", {
+        **s3_server.storage_options,
+        "endpoint_url": s3_proxy.url,
+    }
+
+
 def stored(uri: str, options: dict[str, Any], tmp_path: Path) -> bytes:
     with Checkpoint(tmp_path / "reader", uri, storage_options=options) as reader:
         restored = reader.load_sync()
@@ -42,8 +50,7 @@ def stored(uri: str, options: dict[str, Any], tmp_path: Path) -> bytes:
 def test_the_final_save_commits_while_a_background_save_waits_on_its_last_parts_on_s3(
     tmp_path: Path, s3_server: StorageServer, s3_proxy: FaultProxy
 ) -> None:
-    uri = f"s3://{create_bucket(s3_server)}/ckpt"
-    options = {**s3_server.storage_options, "endpoint_url": s3_proxy.url}
+    uri, options = through_the_proxy(s3_server, s3_proxy)
     # The upload's creation answers late, so every part of the background save is still waiting
     # to start when its writer has taken the last byte and goes on to commit.
     s3_proxy.add_fault(stall(1.5, forward=True), method="POST", path_contains="uploads")
@@ -65,8 +72,7 @@ def test_the_final_save_commits_while_a_background_save_waits_on_its_last_parts_
 def test_a_background_upload_the_final_save_superseded_stops_at_once_instead_of_finishing_its_parts(
     tmp_path: Path, s3_server: StorageServer, s3_proxy: FaultProxy
 ) -> None:
-    uri = f"s3://{create_bucket(s3_server)}/ckpt"
-    options = {**s3_server.storage_options, "endpoint_url": s3_proxy.url}
+    uri, options = through_the_proxy(s3_server, s3_proxy)
     # Every part of the background save answers only after 15 s: they are still in flight when
     # the final save has committed, and that upload can no longer commit.
     s3_proxy.add_fault(stall(15.0, forward=True), times=None, method="PUT", path_contains="partNumber")
@@ -92,8 +98,7 @@ def test_a_background_upload_the_final_save_superseded_stops_at_once_instead_of_
 def test_a_save_stopped_by_its_deadline_does_not_wait_for_its_abort_into_the_sigkill(
     tmp_path: Path, s3_server: StorageServer, s3_proxy: FaultProxy
 ) -> None:
-    uri = f"s3://{create_bucket(s3_server)}/ckpt"
-    options = {**s3_server.storage_options, "endpoint_url": s3_proxy.url}
+    uri, options = through_the_proxy(s3_server, s3_proxy)
     s3_proxy.add_fault(stall(15.0, forward=True), times=None, method="PUT", path_contains="partNumber")
     s3_proxy.add_fault(stall(15.0, forward=True), times=None, method="DELETE", path_contains="uploadId")
     helper = Checkpoint(uri, storage_options=options)

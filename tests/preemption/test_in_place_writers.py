@@ -28,11 +28,17 @@ def rewrite_in_place(path: Path, data: bytes) -> None:
         file.write(data)
 
 
-def saved_while_rewritten(helper: Checkpoint, state: Path, data: bytes) -> None:
+def saved_while_rewritten(
+    helper: Checkpoint, state: Path, data: bytes, also: dict[str, bytes] | None = None
+) -> None:
+    """A background save of ``state``, held in flight while ``weights.bin`` (and each file named
+    in ``also``) is rewritten in place."""
     held = HeldUpload()
     helper.save_sync(state, background=True, progress=held)
     assert held.underway.wait(30)
     rewrite_in_place(state / "weights.bin", data)
+    for name, content in (also or {}).items():
+        rewrite_in_place(state / name, content)
     held.release.set()
 
 
@@ -79,21 +85,11 @@ def test_every_file_rewritten_in_place_during_one_discarded_save_is_copied_by_la
     (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
     (state / "meta.json").write_bytes(b'{"step": 1}')
     with Checkpoint(tmp_path / "ckpt") as helper:
-        held = HeldUpload()
-        helper.save_sync(state, background=True, progress=held)
-        assert held.underway.wait(30)
-        rewrite_in_place(state / "weights.bin", os.urandom(4 * MiB))  # one step writes both files
-        rewrite_in_place(state / "meta.json", b'{"step": 2}')
-        held.release.set()
+        saved_while_rewritten(helper, state, os.urandom(4 * MiB), {"meta.json": b'{"step": 2}'})  # one step
         with pytest.raises(InputChangedError, match=r"and 1 other files"):
             helper.wait_sync()
         weights = (state / "weights.bin").read_bytes()
-        held = HeldUpload()
-        helper.save_sync(state, background=True, progress=held)
-        assert held.underway.wait(30)
-        rewrite_in_place(state / "weights.bin", os.urandom(4 * MiB))  # the next step, same pattern
-        rewrite_in_place(state / "meta.json", b'{"step": 3}')
-        held.release.set()
+        saved_while_rewritten(helper, state, os.urandom(4 * MiB), {"meta.json": b'{"step": 3}'})  # the next
         helper.wait_sync()  # used to be discarded again for meta.json: one file learnt per discard
     assert restored_weights(tmp_path) == weights
 
