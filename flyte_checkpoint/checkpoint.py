@@ -9,7 +9,6 @@ import logging
 import os
 import stat
 import threading
-import time
 from pathlib import Path
 from types import TracebackType
 
@@ -194,11 +193,8 @@ class Checkpoint(BaseCheckpoint):
     def last_committed(self) -> datetime.datetime | None:
         """When (UTC) this helper's newest save committed to :attr:`remote_destination`; ``None``
         while none has. A background save counts once it committed."""
-        committed = self._saves.budget.last_commit()
-        if committed is None:
-            return None
-        ago = datetime.timedelta(seconds=time.monotonic() - committed)
-        return datetime.datetime.now(datetime.timezone.utc) - ago
+        last = self._saves.last_save
+        return None if last is None else last.committed_at
 
     @property
     def path(self) -> Path:

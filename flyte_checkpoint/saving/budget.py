@@ -64,11 +64,6 @@ class SaveBudget:
             )
             self._last_commit = finished
 
-    def last_commit(self) -> float | None:
-        """``time.monotonic()`` when this helper's newest save committed; ``None`` if none did."""
-        with self._lock:
-            return self._last_commit
-
     def committed_since(self, moment: float) -> bool:
         """Whether a save committed after ``moment`` (``time.monotonic()``)."""
         with self._lock:

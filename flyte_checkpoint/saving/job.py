@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ class SaveJob:
             staged_seconds=(self.staged_at if background else now) - self.asked_at,
             durable_seconds=now - self.asked_at,
             copied_bytes=self.snapshot.copied_bytes,
+            committed_at=datetime.datetime.now(datetime.timezone.utc),
         )
 
     @property
@@ -62,3 +64,5 @@ class SaveTimes:
     copied_bytes: int
     """Bytes the snapshot copied instead of linking (files seen rewritten in place, files mapped
     shared-writable, another filesystem); 0 for a blocking save."""
+    committed_at: datetime.datetime
+    """When (UTC) it committed."""
