@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,21 @@ def through_the_proxy(s3_server: StorageServer, s3_proxy: FaultProxy) -> tuple[s
     }
 
 
+def wait_for_request(proxy: FaultProxy, fragment: str) -> None:
+    """Until a request whose target holds ``fragment`` has reached the proxy."""
+    while not any(fragment in record.path for record in proxy.requests):
+        threading.Event().wait(0.01)
+
+
+def returned_within(seconds: float, call: Callable[[], object]) -> list[object]:
+    """Run ``call`` in a thread; its result, in a list, if it returned within ``seconds``, else []."""
+    results: list[object] = []
+    thread = threading.Thread(target=lambda: results.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return results
+
+
 def stored(uri: str, options: dict[str, Any], tmp_path: Path) -> bytes:
     with Checkpoint(tmp_path / "reader", uri, storage_options=options) as reader:
         restored = reader.load_sync()
@@ -56,14 +71,11 @@ def test_the_final_save_commits_while_a_background_save_waits_on_its_last_parts_
     s3_proxy.add_fault(stall(1.5, forward=True), method="POST", path_contains="uploads")
     helper = Checkpoint(uri, storage_options=options)
     helper.save_sync(STATE, background=True)
-    while not any("uploads" in record.path for record in s3_proxy.requests):
-        threading.Event().wait(0.01)
+    wait_for_request(s3_proxy, "uploads")
     threading.Event().wait(0.3)  # the writer is past its last write, committing
     notice.notify_signal(signal.SIGTERM, 20.0)
-    final = threading.Thread(target=helper.save_sync, args=(b"final state",), daemon=True)
-    final.start()
-    final.join(10)
-    assert not final.is_alive(), "the final save deadlocked with the background save committing"
+    final = returned_within(10, lambda: helper.save_sync(b"final state"))
+    assert final, "the final save deadlocked with the background save committing"
     notice.clear()
     helper.close()
     assert stored(uri, s3_server.storage_options, tmp_path) == b"final state"
@@ -78,15 +90,12 @@ def test_a_background_upload_the_final_save_superseded_stops_at_once_instead_of_
     s3_proxy.add_fault(stall(15.0, forward=True), times=None, method="PUT", path_contains="partNumber")
     helper = Checkpoint(uri, storage_options=options)
     helper.save_sync(STATE, background=True)
-    while not any("partNumber" in record.path for record in s3_proxy.requests):
-        threading.Event().wait(0.01)
+    wait_for_request(s3_proxy, "partNumber")
     notice.notify_signal(signal.SIGTERM, 30.0)
     helper.save_sync(b"final state")  # small: one PUT, not stalled
-    ending: list[BaseException] = []
-    settled = threading.Thread(target=lambda: ending.append(helper.preemption()), daemon=True)
-    settled.start()
-    settled.join(8)  # waiting for the doomed parts took until they answered (15 s)
-    assert not settled.is_alive(), "preemption() waited for an upload that can no longer commit"
+    # Waiting for the doomed parts took until they answered (15 s).
+    ending = returned_within(8, helper.preemption)
+    assert ending, "preemption() waited for an upload that can no longer commit"
     notice.clear()
     s3_proxy.clear_faults()
     helper.close()

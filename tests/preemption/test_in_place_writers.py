@@ -22,6 +22,15 @@ def nothing_learnt_yet() -> None:
     snapshot._rewritten_in_place.clear()
 
 
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    """A state directory holding 4 MiB of weights, ``weights.bin``."""
+    path = tmp_path / "state"
+    path.mkdir()
+    (path / "weights.bin").write_bytes(os.urandom(4 * MiB))
+    return path
+
+
 def rewrite_in_place(path: Path, data: bytes) -> None:
     with open(path, "r+b") as file:  # the same inode, truncated and rewritten
         file.truncate(0)
@@ -49,10 +58,7 @@ def restored_weights(tmp_path: Path) -> bytes:
         return (restored / "weights.bin").read_bytes()
 
 
-def test_the_save_after_an_in_place_rewrite_goes_on_instead_of_raising(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
+def test_the_save_after_an_in_place_rewrite_goes_on_instead_of_raising(tmp_path: Path, state: Path) -> None:
     newer = os.urandom(4 * MiB)
     with Checkpoint(tmp_path / "ckpt") as helper:
         saved_while_rewritten(helper, state, newer)
@@ -63,10 +69,7 @@ def test_the_save_after_an_in_place_rewrite_goes_on_instead_of_raising(tmp_path:
     assert restored_weights(tmp_path) == newer
 
 
-def test_a_file_rewritten_in_place_once_is_copied_by_later_snapshots(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
+def test_a_file_rewritten_in_place_once_is_copied_by_later_snapshots(tmp_path: Path, state: Path) -> None:
     with Checkpoint(tmp_path / "ckpt") as helper:
         saved_while_rewritten(helper, state, os.urandom(4 * MiB))
         with pytest.raises(InputChangedError):
@@ -78,11 +81,8 @@ def test_a_file_rewritten_in_place_once_is_copied_by_later_snapshots(tmp_path: P
 
 
 def test_every_file_rewritten_in_place_during_one_discarded_save_is_copied_by_later_snapshots(
-    tmp_path: Path,
+    tmp_path: Path, state: Path
 ) -> None:
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
     (state / "meta.json").write_bytes(b'{"step": 1}')
     with Checkpoint(tmp_path / "ckpt") as helper:
         saved_while_rewritten(helper, state, os.urandom(4 * MiB), {"meta.json": b'{"step": 2}'})  # one step
@@ -94,10 +94,9 @@ def test_every_file_rewritten_in_place_during_one_discarded_save_is_copied_by_la
     assert restored_weights(tmp_path) == weights
 
 
-def test_a_committed_background_save_reports_its_staging_apart_from_its_upload(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "weights.bin").write_bytes(os.urandom(4 * MiB))
+def test_a_committed_background_save_reports_its_staging_apart_from_its_upload(
+    tmp_path: Path, state: Path
+) -> None:
     with Checkpoint(tmp_path / "ckpt") as helper:
         assert helper.last_save is None
         helper.save_sync(state, background=True)
