@@ -43,8 +43,8 @@ from flyte_checkpoint import (
     UnsafeArchiveError,
 )
 from flyte_checkpoint.archive.limits import MAX_UNRECORDED_MEMBERS_ENV
-from tests.security import hostile
-from tests.security.hostile import Member, Site, directory, file, hardlink, special, symlink
+from tests.archive import hostile
+from tests.archive.hostile import Member, Site, directory, file, hardlink, special, symlink
 
 SLOW = os.environ.get("FLYTE_CHECKPOINT_SLOW_TESTS") == "1"
 

@@ -16,8 +16,8 @@ import pytest
 from flyte_checkpoint import ArchiveLimitError, Checkpoint, CheckpointCorruptError
 from flyte_checkpoint.archive.limits import MAX_EXPANSION_RATIO_ENV
 from flyte_checkpoint.inspection import inspect_object
-from tests.security import hostile
-from tests.security.hostile import BLOCK, Site, file
+from tests.archive import hostile
+from tests.archive.hostile import BLOCK, Site, file
 
 
 @pytest.fixture
