@@ -9,10 +9,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,12 +23,11 @@ from flyte_checkpoint import (
     InputChangedError,
     InvalidCheckpointInputError,
 )
-from flyte_checkpoint.archive import tar_writer
 from flyte_checkpoint.lockfiles import SNAPSHOT_PREFIX
 from tests.conftest import tree_of
-from tests.test_background_save import restore, stalled_checkpoint
+from tests.saving.faults import before_packing, fail_to_open, restore, stalled_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def snapshots_in(directory: Path) -> list[str]:
@@ -216,27 +213,6 @@ def test_a_tree_deeper_than_path_max_is_refused_naming_the_callers_directory(
         cp.save_sync(deep, background=background)  # a background save walks it for its snapshot
     assert str(deep) in str(raised.value)
     assert SNAPSHOT_PREFIX not in str(raised.value)
-
-
-def fail_to_open(monkeypatch: pytest.MonkeyPatch, name: str, error: int) -> None:
-    """Fault injection (root reads every file): opening ``name`` to pack it fails with ``error``."""
-
-    def failing(path: str) -> None:
-        raise OSError(error, os.strerror(error), path)
-
-    before_packing(monkeypatch, name, failing)
-
-
-def before_packing(monkeypatch: pytest.MonkeyPatch, name: str, action: Callable[[str], None]) -> None:
-    """Fault injection: ``action(path)`` runs just before the archive writer opens ``name``."""
-    real_open = os.open
-
-    def hooked_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if os.path.basename(path) == name and not flags & (os.O_WRONLY | os.O_RDWR):
-            action(os.fsdecode(path))
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(tar_writer, "os", SimpleNamespace(**{**vars(os), "open": hooked_open}))
 
 
 @pytest.mark.parametrize(
