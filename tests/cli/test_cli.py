@@ -15,7 +15,7 @@ import pytest
 from flyte_checkpoint.cli import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from tests.signals.processes import Program, running
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str, attempt: int | None = None) -> subprocess.CompletedProcess[str]:

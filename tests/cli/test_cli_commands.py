@@ -17,7 +17,7 @@ from tests.conftest import damage_in_place, tree_of
 from tests.storage.conftest import remote_for
 from tests.storage_servers import StorageServer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
