@@ -12,7 +12,7 @@ Symbolic links, as ``save`` of a directory treats them:
 * a link whose target leaves the tree is refused when saving, with a message naming the link,
   because it could not be restored safely.
 
-Full disk. A child process (``python -m tests.crash.workers save --fsize-limit``) ignores
+Full disk. A child process (``python -m tests.faults.crash.workers save --fsize-limit``) ignores
 ``SIGXFSZ`` and sets ``RLIMIT_FSIZE`` below the size of what it saves, so its writes fail with
 ``EFBIG`` as on a full disk: the save raises :class:`CheckpointStorageError` saying "out of
 space", the previous checkpoint stays byte-identical and no temp file is left beside it.
@@ -257,7 +257,7 @@ def full_disk_save(request: pytest.FixtureRequest, tmp_path: Path) -> FullDiskSa
     else:
         source = tmp_path / "new.bin"
         source.write_bytes(os.urandom(4 << 20))
-    command = [sys.executable, "-m", "tests.crash.workers", "save", "--kind", kind]
+    command = [sys.executable, "-m", "tests.faults.crash.workers", "save", "--kind", kind]
     command += ["--source", str(source), "--dest", str(dest), "--fsize-limit", str(FSIZE_LIMIT)]
     result = subprocess.run(
         command,

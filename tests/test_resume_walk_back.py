@@ -24,7 +24,7 @@ from flyte_checkpoint import (
 from flyte_checkpoint.resume import MAX_WALK_BACK, discard_earlier_uploads
 from flyte_checkpoint.storage import backend_for
 from flyte_checkpoint.uris import AttemptURI, attempt_uris, flyte_shard
-from tests.fault_proxy import FaultProxy, status
+from tests.faults.proxy import FaultProxy, status
 from tests.storage_servers import StorageServer, create_bucket
 
 RUN = "r969nmh2r5m6mqqnnb4h"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint.cli import EXIT_INTERRUPTED, EXIT_PREEMPTED
-from tests.signals.processes import Program, running
+from tests.faults.signals.processes import Program, running
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_run_executes_the_task_with_its_checkpoint_paths_and_prints_the_result(t
         str(tmp_path / "cur"),
         "--prev-checkpoint",
         str(tmp_path / "prev"),
-        "tests.test_runners:add_from_checkpoint",
+        "tests.runners.test_runners:add_from_checkpoint",
         "--inputs",
         '{"increment": 2}',
     )
@@ -62,7 +62,7 @@ def test_run_resumes_across_separate_processes_like_a_remote_retry(tmp_path: Pat
             str(cur),
             "--prev-checkpoint",
             str(prev),
-            "tests.test_runners:add_from_checkpoint",
+            "tests.runners.test_runners:add_from_checkpoint",
             "--inputs",
             '{"increment": 10}',
             attempt=attempt,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint import Checkpoint
-from tests.signals.processes import running
+from tests.faults.signals.processes import running
 from tests.storage_servers import StorageServer, create_bucket
 
 MiB = 1 << 20

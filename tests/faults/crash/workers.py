@@ -2,11 +2,11 @@
 
 Run from the repository root::
 
-    python -m tests.crash.workers save --kind bytes|file|dir --source PATH --dest URI
+    python -m tests.faults.crash.workers save --kind bytes|file|dir --source PATH --dest URI
                                       [--start-at T] [--fsize-limit BYTES]
-    python -m tests.crash.workers load --src URI [--start-at T] [--dest URI --run-name RUN
+    python -m tests.faults.crash.workers load --src URI [--start-at T] [--dest URI --run-name RUN
                                       --action-name ACTION] [--linger SECONDS]
-    python -m tests.crash.workers serve [MODULE ...]
+    python -m tests.faults.crash.workers serve [MODULE ...]
 
 Storage options (endpoint, credentials) come as JSON in ``$FLYTE_CHECKPOINT_CRASH_STORAGE_OPTIONS``.
 
@@ -33,7 +33,7 @@ workers can start together. ``--fsize-limit`` simulates a full disk: just before
 child ignores ``SIGXFSZ`` and sets ``RLIMIT_FSIZE``, so a write past the limit fails with
 ``EFBIG`` instead of killing the process.
 
-``serve`` is the zygote of :class:`tests.crash.harness.Zygote`: it imports this package (and the
+``serve`` is the zygote of :class:`tests.faults.crash.harness.Zygote`: it imports this package (and the
 named modules) once, says ``serving``, then answers JSON requests on stdin, one per line:
 ``{"fork": ARGV, "env": {...}, "narration": FIFO}`` forks a child that runs ``main(ARGV)`` with
 the FIFO as stdout (reply ``forked PID``); ``{"reap": PID}`` waits for that child (reply
@@ -225,7 +225,7 @@ def _fork(request: dict[str, Any]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.crash.workers")
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.crash.workers")
     commands = parser.add_subparsers(dest="command", required=True)
     save = commands.add_parser("save", help="save one checkpoint, narrating progress")
     save.add_argument("--kind", choices=("bytes", "file", "dir"), required=True)

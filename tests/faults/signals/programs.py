@@ -1,4 +1,4 @@
-"""Programs the signal tests run as real processes: ``python -m tests.signals.programs NAME ...``.
+"""Programs the signal tests run as real processes: ``python -m tests.faults.signals.programs NAME ...``.
 
 Each prints ``ready`` (flushed) once it is about to start the work a signal should interrupt,
 so the parent can aim its signal; storage options come as JSON in ``$SIGNAL_TEST_STORAGE_OPTIONS``.

@@ -1,6 +1,6 @@
 """Two processes saving to one destination at once leave one of the two complete objects.
 
-Method. Each round forks two save workers (``tests.crash.workers save``, from the zygote of
+Method. Each round forks two save workers (``tests.faults.crash.workers save``, from the zygote of
 ``harness.py``), one saving version A and one version B, both told to start at the same moment
 (``--start-at``), so the saves overlap (the summary counts the rounds whose
 ``started``..``committed`` intervals, in the children's own clock, really overlapped). Both
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint import Checkpoint
-from tests.crash.harness import (
+from tests.faults.crash.harness import (
     PRELOAD,
     MiB,
     OnceEach,
@@ -43,7 +43,7 @@ from tests.crash.harness import (
     write_model_tree,
     write_random_file,
 )
-from tests.crash.workers import content_digest
+from tests.faults.crash.workers import content_digest
 from tests.storage_servers import StorageServer, create_bucket
 
 LOCAL_ROUNDS = 8

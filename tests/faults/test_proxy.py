@@ -14,7 +14,7 @@ from typing import cast
 
 import pytest
 
-from tests.fault_proxy import (
+from tests.faults.proxy import (
     FaultProxy,
     drop_before_response,
     drop_mid_request,

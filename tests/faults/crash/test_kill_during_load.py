@@ -1,7 +1,7 @@
 """A load SIGKILLed at any point never passes for a restore, and the next load on a fresh helper works.
 
 Method. A good checkpoint is saved (a file, stored as a raw payload object, or a directory,
-stored as a ``.tar.gz``). A worker (``tests.crash.workers load``, forked in its own session by
+stored as a ``.tar.gz``). A worker (``tests.faults.crash.workers load``, forked in its own session by
 the zygote of ``harness.py``, its ``TMPDIR`` inside the test's directory) loads it and says
 ``restored DIGEST PATH`` only after ``load_sync`` returned, with the digest of what ``PATH``
 then holds. A few uninterrupted loads
@@ -34,7 +34,7 @@ import pytest
 
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.workspace import WORKSPACE_PREFIX
-from tests.crash.harness import (
+from tests.faults.crash.harness import (
     PRELOAD,
     SPREAD,
     Event,
@@ -51,7 +51,7 @@ from tests.crash.harness import (
     write_model_tree,
     write_random_file,
 )
-from tests.crash.workers import content_digest
+from tests.faults.crash.workers import content_digest
 from tests.storage_servers import StorageServer, create_bucket
 
 LOCAL_KILLS = 25

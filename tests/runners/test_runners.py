@@ -27,7 +27,7 @@ from flyte_checkpoint import (
     run_with_retries,
     run_with_retries_async,
 )
-from tests.fault_proxy import FaultProxy, status
+from tests.faults.proxy import FaultProxy, status
 from tests.storage.conftest import Remote, remote_for
 from tests.storage.test_faults import options_through
 from tests.storage_servers import StorageServer
@@ -354,7 +354,7 @@ def test_load_and_run_task_runs_one_attempt_with_the_given_paths(tmp_path: Path,
 def test_load_and_run_task_resolves_module_function_references(tmp_path: Path) -> None:
     paths = CheckpointPaths(checkpoint_path=str(tmp_path / "cur"))
     result = load_and_run_task(
-        "tests.test_runners:add_from_checkpoint", checkpoint_paths=paths, inputs={"increment": 5}
+        "tests.runners.test_runners:add_from_checkpoint", checkpoint_paths=paths, inputs={"increment": 5}
     )
     assert result == 5
 

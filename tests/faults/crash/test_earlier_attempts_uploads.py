@@ -1,6 +1,6 @@
 """The next attempt removes what a SIGKILLed attempt's save left unfinished on the store.
 
-Method. A worker process (the crash tests' zygote, ``tests.crash.workers save``) saves a 20 MiB
+Method. A worker process (the crash tests' zygote, ``tests.faults.crash.workers save``) saves a 20 MiB
 file as attempt 1 of a run (``…/{run}/{action}/1/checkpoint``), one part at a time, and is
 SIGKILLed as soon as the store has acknowledged its first part: on S3 an incomplete multipart
 upload stays on that key, on GCS the temporary part objects under ``<key>.fc-parts/``. No later
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from fsspec.asyn import sync
 
-from tests.crash.harness import MiB, Zygote, write_random_file
+from tests.faults.crash.harness import MiB, Zygote, write_random_file
 from tests.storage_servers import StorageServer, create_bucket
 
 RUN, ACTION = "r7x2", "a0"

@@ -3,7 +3,7 @@
 Starting a Python process that imports this package (and s3fs) costs 0.25-0.5 s of CPU, more
 than the save it runs, so workers are forked from a :class:`Zygote`: one process started with
 ``subprocess`` (its own session) that has imported everything once. For each worker the zygote
-opens a FIFO made by the parent, forks, and the child runs ``tests.crash.workers.main`` with that
+opens a FIFO made by the parent, forks, and the child runs ``tests.faults.crash.workers.main`` with that
 FIFO as its stdout, in its own session, asking the kernel to SIGKILL it if the zygote dies.
 
 Reaping is explicit, so a PID is never reused under a pending kill: the zygote waits for a child
@@ -32,9 +32,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Generic, TypeVar
 
-from tests.crash.workers import STORAGE_OPTIONS_ENV
+from tests.faults.crash.workers import STORAGE_OPTIONS_ENV
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SLOW_ENV = "FLYTE_CHECKPOINT_SLOW_TESTS"
 MiB = 1 << 20
 T = TypeVar("T")
@@ -125,7 +125,7 @@ class LineReader:
 
 
 class Zygote:
-    """``python -m tests.crash.workers serve``: forks workers that need not import anything."""
+    """``python -m tests.faults.crash.workers serve``: forks workers that need not import anything."""
 
     def __init__(self, log_dir: Path, *, preload: Sequence[str] = ()) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +135,7 @@ class Zygote:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
         self.process: subprocess.Popen[bytes] = subprocess.Popen(
-            [sys.executable, "-m", "tests.crash.workers", "serve", *preload],
+            [sys.executable, "-m", "tests.faults.crash.workers", "serve", *preload],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.PIPE,
@@ -178,7 +178,7 @@ class Zygote:
         storage_options: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Worker:
-        """Fork a worker running ``python -m tests.crash.workers ARGV`` (without the imports)."""
+        """Fork a worker running ``python -m tests.faults.crash.workers ARGV`` (without the imports)."""
         child_env = dict(env or {})
         if storage_options is not None:
             child_env[STORAGE_OPTIONS_ENV] = json.dumps(dict(storage_options))
@@ -293,7 +293,7 @@ def plan_kills(reference: Sequence[Event], end: str, count: int, spread: float) 
 
 
 class Worker:
-    """One forked child running :func:`tests.crash.workers.main`, narrating into a FIFO."""
+    """One forked child running :func:`tests.faults.crash.workers.main`, narrating into a FIFO."""
 
     def __init__(self, zygote: Zygote, pid: int, fd: int, command: str) -> None:
         self.zygote = zygote
@@ -474,7 +474,7 @@ class TrialLog:
 
 
 RESULTS: list[TrialLog] = []
-"""Every :class:`TrialLog` of this session, printed by ``tests/crash/conftest.py`` at the end."""
+"""Every :class:`TrialLog` of this session, printed by ``tests/faults/crash/conftest.py`` at the end."""
 
 
 def record(log: TrialLog) -> TrialLog:
@@ -537,7 +537,7 @@ def observe(src: str, storage_options: Mapping[str, Any] | None, digests: Mappin
     Anything else is described instead: ``"none"``, ``"raised ..."`` or ``"unknown content ..."``.
     """
     from flyte_checkpoint import Checkpoint
-    from tests.crash.workers import content_digest
+    from tests.faults.crash.workers import content_digest
 
     try:
         with Checkpoint(

@@ -6,7 +6,7 @@ directory) a series runs against one destination that already holds a good check
 1. Four uninterrupted saves (versions A, B, A, B) by worker processes; the last of each version
    is the reference run: its narration (``started``, a ``progress`` line per MiB, ``committed``)
    is the timeline on which the kill points are planned.
-2. Then a worker (``tests.crash.workers save``, forked in its own session by the zygote of
+2. Then a worker (``tests.faults.crash.workers save``, forked in its own session by the zygote of
    ``harness.py``, which has done the imports once) saves the *other* version over the current
    one and is SIGKILLed at the next kill point. The points are spread uniformly over 1.2x the
    reference duration, and each is expressed from the last milestone before it ("0.8 ms after
@@ -40,7 +40,7 @@ and where the kills landed.
 
 Sizes: by default bytes and file are 20 MiB and the directory about 24 MiB, with 50 timed kills
 per kind on local disk and 25 per kind on S3 (20 MiB, above the 8 MiB multipart part), so the
-whole of ``tests/crash`` takes about a minute on two cores. ``FLYTE_CHECKPOINT_SLOW_TESTS=1``
+whole of ``tests/faults/crash`` takes about a minute on two cores. ``FLYTE_CHECKPOINT_SLOW_TESTS=1``
 uses 256 MiB locally (the issue's size) and 64 MiB on S3.
 """
 
@@ -54,7 +54,7 @@ from typing import Any
 
 import pytest
 
-from tests.crash.harness import (
+from tests.faults.crash.harness import (
     PRELOAD,
     SPREAD,
     Event,
@@ -72,7 +72,7 @@ from tests.crash.harness import (
     write_model_tree,
     write_random_file,
 )
-from tests.crash.workers import content_digest
+from tests.faults.crash.workers import content_digest
 from tests.storage_servers import StorageServer, create_bucket
 
 LOCAL_KILLS = 50

@@ -19,8 +19,8 @@ from flyte_checkpoint import InvalidCheckpointInputError, ctx, load_and_run_task
 from flyte_checkpoint.context import CheckpointPaths
 from flyte_checkpoint.errors import Preempted
 from flyte_checkpoint.runners.local import run_with_retries_async
+from tests.faults.signals.processes import running
 from tests.runner_programs import STEPS
-from tests.signals.processes import running
 
 
 def run_program(checkpoint_dir: Path, *flags: str, signals: int = 1) -> tuple[dict[str, Any], str]:

@@ -10,8 +10,8 @@ import pytest
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.errors import CheckpointStorageError
 from flyte_checkpoint.storage.remote_errors import to_checkpoint_error
-from tests.signals.processes import running
-from tests.signals.test_interrupted_saves import location
+from tests.faults.signals.processes import running
+from tests.faults.signals.test_interrupted_saves import location
 
 SIZE_MIB = 48
 
