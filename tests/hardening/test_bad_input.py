@@ -42,7 +42,7 @@ from flyte_checkpoint.storage.local import temp_files_for
 from tests.conftest import tree_of
 from tests.saving.faults import fail_to_open
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 OLD_CHECKPOINT = b"the previous, good checkpoint\n" * 1000
 
 BACKGROUND = [pytest.param(False, id="blocking"), pytest.param(True, id="background")]
