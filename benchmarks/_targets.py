@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TextIO
 
-import compare  # next to this file (its directory is on sys.path when a benchmark runs)
+from benchmarks import compare
 
 
 @dataclass

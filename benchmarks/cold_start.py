@@ -29,9 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report
-import s3server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks import _report, s3server
 
 REPO = Path(__file__).resolve().parent.parent
 STORE_CLIENTS = ("s3fs", "gcsfs", "adlfs")

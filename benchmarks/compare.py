@@ -33,8 +33,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-import _report  # this directory is on sys.path when the script runs
-from _worker import tree_digest
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks import _report
+from benchmarks._worker import tree_digest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -43,7 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _report  # next to this file
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks import _report
 
 REPO = Path(__file__).resolve().parents[1]
 TENSORS = 16

@@ -28,12 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report
-import compare  # next to this file
-import netshape
-import s3server
-from _targets import Check, print_targets
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks import _report, compare, netshape, s3server
+from benchmarks._targets import Check, print_targets
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20

@@ -66,13 +66,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TextIO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _preemption_trainer as trainer  # next to this file; stdlib-only at module level
-import _report
-import compare
-import netshape
-import s3server
-from _targets import Check, print_targets
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks import _preemption_trainer as trainer  # stdlib-only at module level
+from benchmarks import _report, compare, netshape, s3server
+from benchmarks._targets import Check, print_targets
 
 HERE = Path(__file__).resolve().parent
 PEEK_BYTES = 64 * 1024

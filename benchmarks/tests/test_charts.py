@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import charts
+from benchmarks import charts
 
 
 def test_the_committed_charts_are_what_the_committed_results_render_to() -> None:

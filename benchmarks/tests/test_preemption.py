@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests.json_out import assert_json_out_is_the_report
+from benchmarks import preemption as benchmark
+from benchmarks._targets import Check
+from benchmarks.tests.json_out import assert_json_out_is_the_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "preemption.py"
-sys.path.insert(0, str(REPO / "benchmarks"))
-import preemption as benchmark  # noqa: E402 - the module of the script, next to it
-from _targets import Check  # noqa: E402
 
 PREEMPTIONS = 2
 SCENARIOS = {"in-place", "fork-children", "long-c-call", "startup-load"}

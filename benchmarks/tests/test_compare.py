@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.json_out import assert_json_out_is_the_report
+from benchmarks.tests.json_out import assert_json_out_is_the_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "compare.py"
 
 OPERATIONS = [

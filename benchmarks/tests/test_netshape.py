@@ -7,15 +7,12 @@ never faster, so these cannot flake the other way.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import netshape
+from benchmarks import netshape
 
 MIB = 1 << 20
 

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.json_out import assert_json_out_is_the_report
+from benchmarks.tests.json_out import assert_json_out_is_the_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "cold_start.py"
 
 
