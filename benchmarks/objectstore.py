@@ -29,8 +29,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
-from benchmarks import _report, compare, netshape, s3server
-from benchmarks._targets import Check, print_targets
+from benchmarks import compare, netshape, s3server
+from benchmarks.lib.data import (
+    DATA_ROOT,
+    Dataset,
+    make_bytes_dataset,
+    make_dir_dataset,
+    make_file_dataset,
+    new_run_dir,
+    remove,
+)
+from benchmarks.lib.processes import terminate_as_interrupt
+from benchmarks.lib.report import add_json_out, describe_machine, log, print_table, write_json_out
+from benchmarks.lib.targets import Check, print_targets
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -49,10 +60,6 @@ LINE_FRACTION = 0.70
 LINE_CONNECTIONS = (8, 16)
 RSS_LIMIT_MIB = 200.0
 EMULATORS = {"gcs": "fake-gcs-server", "azure": "Azurite"}
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -216,7 +223,7 @@ def _kind(op: str) -> str:
     return op.split("-", 1)[1]
 
 
-def _spec(op: str, client: str, data: compare.Dataset, storage: compare.Storage, reps: int) -> dict[str, Any]:
+def _spec(op: str, client: str, data: Dataset, storage: compare.Storage, reps: int) -> dict[str, Any]:
     action, kind = op.split("-", 1)
     name = f"{client}/{compare._object_name(kind)}"
     return {
@@ -237,7 +244,7 @@ def measure(
     runner: compare.Runner,
     target: Target,
     proxy: netshape.ShapedProxy,
-    datasets: dict[str, compare.Dataset],
+    datasets: dict[str, Dataset],
     clients: list[str],
     ops: list[str],
     args: argparse.Namespace,
@@ -283,7 +290,7 @@ def measure(
     return results
 
 
-def measure_ceiling(runner: compare.Runner, target: Target, data: compare.Dataset) -> dict[str, Any] | None:
+def measure_ceiling(runner: compare.Runner, target: Target, data: Dataset) -> dict[str, Any] | None:
     """The S3 server's unshaped speed, with boto3 straight to it (no proxy)."""
     spec = _spec("save-file", "boto3", data, target.direct, 1)
     spec["op"] = "ceiling"
@@ -420,7 +427,7 @@ def _print_results(report: dict[str, Any], results: list[Result], out: TextIO) -
                 result.error or "",
             ]
         )
-    compare._table(
+    print_table(
         rows,
         [
             "operation",
@@ -485,7 +492,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ceiling", action="store_true", help="skip the server's unshaped ceiling")
     parser.add_argument("--ceiling-only", action="store_true", help="only the server's unshaped ceiling")
     parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
-    _report.add_json_out(parser)
+    add_json_out(parser)
     args = parser.parse_args(argv)
     args.clients = [c for c in args.clients.split(",") if c]
     args.ops = [o for o in args.ops.split(",") if o]
@@ -503,12 +510,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    run_dir = compare.new_run_dir("objectstore")
-    with compare._terminate_as_interrupt():
+    run_dir = new_run_dir("objectstore")
+    with terminate_as_interrupt():
         try:
             return _main(args, run_dir, out, argv)
         finally:
-            compare._remove(run_dir)
+            remove(run_dir)
 
 
 def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[str] | None) -> int:
@@ -521,14 +528,14 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[s
         clients.remove("reference")
     boto3_python = compare.Interpreter("boto3", ours.python, "boto3")
     runner = compare.Runner(run_dir, {"ours": ours, "reference": reference, "boto3": boto3_python})
-    datasets: dict[str, compare.Dataset] = {}
+    datasets: dict[str, Dataset] = {}
     kinds = {_kind(op) for op in args.ops} | ({"file"} if not args.no_ceiling else set())
     if "file" in kinds:
-        datasets["file"] = compare.make_file_dataset(args.size_mib)
+        datasets["file"] = make_file_dataset(args.size_mib)
     if "dir" in kinds:
-        datasets["dir"] = compare.make_dir_dataset(args.size_mib)
+        datasets["dir"] = make_dir_dataset(args.size_mib)
     if "bytes" in kinds:
-        datasets["bytes"] = compare.make_bytes_dataset()
+        datasets["bytes"] = make_bytes_dataset()
 
     start = s3_target if args.backend == "s3" else emulator_target
     with start(args, run_dir) as (target, proxy):
@@ -539,7 +546,7 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[s
         server_name = target.server_name
     checks = evaluate(results, args.rate_mib)
     report: dict[str, Any] = {
-        "machine": compare.describe_machine(),
+        "machine": describe_machine(DATA_ROOT),
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "server": server_name,
         "config": {
@@ -561,7 +568,7 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[s
     print_report(report, results, checks, out)
     if args.json:
         print(json.dumps(report, indent=2))
-    _report.write_json_out(args.json_out, "benchmarks/objectstore.py", argv, report)
+    write_json_out(args.json_out, "benchmarks/objectstore.py", argv, report)
     return 1 if any(r.error for r in results if r.client == "ours") else 0
 
 

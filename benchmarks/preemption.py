@@ -68,13 +68,16 @@ from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
 from benchmarks import _preemption_trainer as trainer  # stdlib-only at module level
-from benchmarks import _report, compare, netshape, s3server
-from benchmarks._targets import Check, print_targets
+from benchmarks import netshape, s3server
+from benchmarks.lib import report as reporting
+from benchmarks.lib.data import DATA_ROOT, new_run_dir, remove
+from benchmarks.lib.processes import POLL_S, group_members, terminate_as_interrupt, wait_until
+from benchmarks.lib.report import add_json_out, log, print_table, write_json_out
+from benchmarks.lib.targets import Check, print_targets
 
 HERE = Path(__file__).resolve().parent
 PEEK_BYTES = 64 * 1024
 START_TIMEOUT_S = 120.0
-POLL_S = 0.005
 MIN_PREEMPTIONS = 50
 """The targets' "at least 50 preemptions per configuration"."""
 STALL_LIMIT = 15
@@ -94,10 +97,6 @@ LABELS = {
     "reference": "reference flyte 2.12.1",
 }
 BAD_VERDICTS = ("corrupt", "mixed", "unreadable")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 class HarnessError(RuntimeError):
@@ -688,7 +687,7 @@ class Processes:
                     os.killpg(process.pid, signal.SIGKILL)
             process.kill()
         process.join()
-        if group and _group_members(process.pid):  # children that outlived it
+        if group and group_members(process.pid):  # children that outlived it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
         with self.lock:
@@ -758,31 +757,6 @@ def _wait_for(
             return events if found(events) else None
         time.sleep(POLL_S)
     return None
-
-
-def _group_members(pgid: int) -> list[int]:
-    """The live processes (zombies left out) of process group ``pgid``, from ``/proc``."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
-
-
-def _wait_until(done: Callable[[], bool], deadline: float) -> bool:
-    """Poll ``done`` until it holds (``True``) or ``deadline`` (monotonic) passes (``False``)."""
-    while not done():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
 
 
 class Supervisor:
@@ -1032,18 +1006,18 @@ class Supervisor:
         group = self.scenario is not None and self.scenario.group
 
         def group_gone() -> bool:
-            return not group or not _group_members(process.pid)
+            return not group or not group_members(process.pid)
 
         in_time = ended = bool(multiprocessing.connection.wait([process.sentinel], grace))
         exit_after = time.monotonic() - sent  # when it ended by itself, or the SIGKILL's instant
-        children_left = len(_group_members(process.pid)) if ended and group else 0
-        children_late = ended and not _wait_until(group_gone, sent + grace)
+        children_left = len(group_members(process.pid)) if ended and group else 0
+        children_late = ended and not wait_until(group_gone, sent + grace)
         late = not ended or children_late
         hang = False
         if late and self.scenario is not None:
             probe_end = time.monotonic() + max(HANG_PROBE_S, 3 * grace)
             ended = bool(multiprocessing.connection.wait([process.sentinel], max(HANG_PROBE_S, 3 * grace)))
-            hang = not (ended and _wait_until(group_gone, probe_end))
+            hang = not (ended and wait_until(group_gone, probe_end))
             if ended and not in_time:
                 exit_after = time.monotonic() - sent
         if late and (not ended or hang):
@@ -1524,7 +1498,7 @@ def print_preemptions(result: ConfigResult, out: TextIO) -> None:
         + (_scenario_cells(p) if config.scenario != PLAIN else [])
         for p in result.preemptions
     ]
-    compare._table(
+    print_table(
         rows,
         [
             "run.attempt",
@@ -1588,7 +1562,7 @@ def print_summary(results: list[ConfigResult], out: TextIO) -> None:
                 result.error or "",
             ]
         )
-    compare._table(
+    print_table(
         rows,
         [
             "configuration",
@@ -1686,7 +1660,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ranks", action="store_true", help="skip preemption_ranks.py's 4-rank scenario")
     parser.add_argument("--seed", type=int, default=21, help="seed of the SIGTERM instants")
     parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
-    _report.add_json_out(parser)
+    add_json_out(parser)
     parser.add_argument("--keep", action="store_true", help="keep the run directory (event logs, stderr)")
     args = parser.parse_args(argv)
     args.storage = [s for s in args.storage.split(",") if s]
@@ -1722,7 +1696,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def describe_machine() -> dict[str, Any]:
-    machine = compare.describe_machine()
+    machine = reporting.describe_machine(DATA_ROOT)
     for package in ("torch", "flyte", "flyte_checkpoint"):
         try:
             machine[package] = version(package)
@@ -1734,9 +1708,9 @@ def describe_machine() -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    run_dir = compare.new_run_dir("preemption")
+    run_dir = new_run_dir("preemption")
     processes = Processes(run_dir)
-    with compare._terminate_as_interrupt():
+    with terminate_as_interrupt():
         try:
             return _main(args, run_dir, processes, out, argv)
         finally:
@@ -1744,7 +1718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.keep:
                 log(f"kept {run_dir}")
             else:
-                compare._remove(run_dir)
+                remove(run_dir)
 
 
 def _main(
@@ -1819,7 +1793,7 @@ def _main(
     }
     if args.json:
         print(json.dumps(report, indent=2))
-    _report.write_json_out(args.json_out, "benchmarks/preemption.py", argv, report)
+    write_json_out(args.json_out, "benchmarks/preemption.py", argv, report)
     return exit_status(results, checks, args.report_only)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from benchmarks import preemption as benchmark
-from benchmarks._targets import Check
+from benchmarks.lib.targets import Check
 from benchmarks.tests.json_out import assert_json_out_is_the_report
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TextIO
 
-from benchmarks import compare
+from benchmarks.lib.report import print_table
 
 
 @dataclass
@@ -24,7 +24,7 @@ def met_text(met: bool | None) -> str:
 def print_targets(checks: list[Check], title: str, out: TextIO) -> None:
     """The target table under ``title``, then how many are not met."""
     print(f"\n{title}", file=out)
-    compare._table(
+    print_table(
         [[c.name, c.value, c.threshold, met_text(c.met)] for c in checks],
         ["target", "value", "threshold", "met?"],
         out,
