@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
-from benchmarks import compare, netshape, s3server
+from benchmarks import netshape, s3server
 from benchmarks.lib.data import (
     DATA_ROOT,
     Dataset,
@@ -42,12 +42,21 @@ from benchmarks.lib.data import (
 from benchmarks.lib.processes import terminate_as_interrupt
 from benchmarks.lib.report import add_json_out, describe_machine, log, print_table, write_json_out
 from benchmarks.lib.targets import Check, print_targets
+from benchmarks.lib.workers import (
+    Interpreter,
+    Runner,
+    Storage,
+    WorkerError,
+    find_ours,
+    find_reference,
+    object_name,
+)
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
 
-# compare.Runner runs compare.WORKER; ours wraps _worker.py with the proxy mark and boto3.
-compare.WORKER = HERE / "_objectstore_worker.py"
+# The workers wrap _worker.py with the proxy mark and boto3.
+WORKER = HERE / "_objectstore_worker.py"
 
 OPS = ("save-file", "save-dir", "save-bytes", "load-file", "load-dir", "load-bytes")
 CLIENTS = ("ours", "reference", "boto3")
@@ -138,12 +147,12 @@ def line_mib_s(rate: float, connections: int | None) -> float:
 class Target:
     """A server reached through the proxy: the storage the workers use."""
 
-    storage: compare.Storage
+    storage: Storage
     server_name: str
-    direct: compare.Storage  # the same bucket without the proxy (for the ceiling)
+    direct: Storage  # the same bucket without the proxy (for the ceiling)
 
 
-def _s3_storage(server: s3server.S3Server, endpoint: str, extra: dict[str, Any]) -> compare.Storage:
+def _s3_storage(server: s3server.S3Server, endpoint: str, extra: dict[str, Any]) -> Storage:
     options = {
         "key": server.key,
         "secret": server.secret,
@@ -157,7 +166,7 @@ def _s3_storage(server: s3server.S3Server, endpoint: str, extra: dict[str, Any])
         "AWS_REGION": s3server.REGION,
         "AWS_DEFAULT_REGION": s3server.REGION,
     }
-    return compare.Storage("s3", f"s3://{server.bucket}", storage_options=options, env=env)
+    return Storage("s3", f"s3://{server.bucket}", storage_options=options, env=env)
 
 
 def _our_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -207,8 +216,8 @@ def emulator_target(args: argparse.Namespace, run_dir: Path) -> Iterator[tuple[T
             env = _replace_endpoint(server.env, server.endpoint, proxy.endpoint)
             env["NETSHAPE_MARK_PORT"] = str(proxy.mark_port)
             base = server.url(bucket)
-            storage = compare.Storage(args.backend, base.rstrip("/"), storage_options=options, env=env)
-            direct = compare.Storage(args.backend, base.rstrip("/"), storage_options=server.storage_options)
+            storage = Storage(args.backend, base.rstrip("/"), storage_options=options, env=env)
+            direct = Storage(args.backend, base.rstrip("/"), storage_options=server.storage_options)
             yield Target(storage, EMULATORS[args.backend], direct), proxy
     finally:
         server.stop()
@@ -223,9 +232,9 @@ def _kind(op: str) -> str:
     return op.split("-", 1)[1]
 
 
-def _spec(op: str, client: str, data: Dataset, storage: compare.Storage, reps: int) -> dict[str, Any]:
+def _spec(op: str, client: str, data: Dataset, storage: Storage, reps: int) -> dict[str, Any]:
     action, kind = op.split("-", 1)
-    name = f"{client}/{compare._object_name(kind)}"
+    name = f"{client}/{object_name(kind)}"
     return {
         "op": action,
         "kind": kind,
@@ -241,7 +250,7 @@ def _spec(op: str, client: str, data: Dataset, storage: compare.Storage, reps: i
 
 
 def measure(
-    runner: compare.Runner,
+    runner: Runner,
     target: Target,
     proxy: netshape.ShapedProxy,
     datasets: dict[str, Dataset],
@@ -272,7 +281,7 @@ def measure(
                         produced.add((client, kind))
                     proxy.reset()
                     figures = runner.worker(client, spec, target.storage)
-                except compare.WorkerError as exc:
+                except WorkerError as exc:
                     result.error = str(exc).splitlines()[0]
                     log(f"  FAILED: {exc}")
                     break
@@ -290,14 +299,14 @@ def measure(
     return results
 
 
-def measure_ceiling(runner: compare.Runner, target: Target, data: Dataset) -> dict[str, Any] | None:
+def measure_ceiling(runner: Runner, target: Target, data: Dataset) -> dict[str, Any] | None:
     """The S3 server's unshaped speed, with boto3 straight to it (no proxy)."""
     spec = _spec("save-file", "boto3", data, target.direct, 1)
     spec["op"] = "ceiling"
     spec["dest"] = f"{target.direct.base}/ceiling/{uuid.uuid4().hex[:8]}.bin"
     try:
         return runner.worker("boto3", spec, target.direct)
-    except compare.WorkerError as exc:
+    except WorkerError as exc:
         log(f"ceiling FAILED: {exc}")
         return {"error": str(exc).splitlines()[0]}
 
@@ -520,14 +529,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[str] | None) -> int:
     load_start = os.getloadavg()[0]
-    ours = compare.find_ours()
-    reference = compare.find_reference(args.install_reference, "reference" in args.clients)
+    ours = find_ours()
+    reference = find_reference(args.install_reference, "reference" in args.clients)
     clients = list(args.clients)
     if "reference" in clients and not reference.available:
         log(f"reference SDK unavailable: {reference.reason}")
         clients.remove("reference")
-    boto3_python = compare.Interpreter("boto3", ours.python, "boto3")
-    runner = compare.Runner(run_dir, {"ours": ours, "reference": reference, "boto3": boto3_python})
+    boto3_python = Interpreter("boto3", ours.python, "boto3")
+    runner = Runner(run_dir, {"ours": ours, "reference": reference, "boto3": boto3_python}, WORKER)
     datasets: dict[str, Dataset] = {}
     kinds = {_kind(op) for op in args.ops} | ({"file"} if not args.no_ceiling else set())
     if "file" in kinds:
