@@ -55,7 +55,6 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import uuid
 import zlib
@@ -70,8 +69,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `
 from benchmarks import _preemption_trainer as trainer  # stdlib-only at module level
 from benchmarks import netshape, s3server
 from benchmarks.lib import report as reporting
+from benchmarks.lib.attempts import HarnessError, Processes, tail, wait_for_event
 from benchmarks.lib.data import DATA_ROOT, new_run_dir, remove
-from benchmarks.lib.processes import POLL_S, group_members, terminate_as_interrupt, wait_until
+from benchmarks.lib.processes import group_members, terminate_as_interrupt, wait_until
 from benchmarks.lib.report import add_json_out, log, print_table, write_json_out
 from benchmarks.lib.targets import Check, print_targets
 
@@ -97,10 +97,6 @@ LABELS = {
     "reference": "reference flyte 2.12.1",
 }
 BAD_VERDICTS = ("corrupt", "mixed", "unreadable")
-
-
-class HarnessError(RuntimeError):
-    """The harness itself failed (an attempt could not start, a server did not answer)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,118 +643,6 @@ def shaped_proxy(upstream: int, rate_mib: float, rtt_ms: float, log_dir: Path) -
 # ---------------------------------------------------------------------------------------------
 
 
-class Processes:
-    """Starts attempts, forked from one server that has the heavy imports done."""
-
-    def __init__(self, work: Path) -> None:
-        self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(["__main__", *trainer.PRELOAD])
-        self.work = work
-        self.live: set[Any] = set()
-        self.lock = threading.Lock()
-        self.stopped = False
-
-    def start(
-        self, target: Callable[[dict[str, Any]], None], spec: dict[str, Any], daemon: bool = True
-    ) -> Any:
-        """``daemon=False`` for a job that starts processes of its own (multiprocessing forbids a
-        daemon that); :meth:`kill_all` ends it all the same."""
-        process = self.context.Process(target=target, args=(spec,), daemon=daemon)
-        with self.lock:
-            if self.stopped:
-                raise HarnessError("the benchmark was interrupted")
-            process.start()
-            self.live.add(process)
-        return process
-
-    def stop(self) -> None:
-        """Kill every attempt and refuse new ones: the supervisors' threads then end at once."""
-        with self.lock:
-            self.stopped = True
-        self.kill_all()
-
-    def reap(self, process: Any) -> None:
-        # A job with processes of its own (not a daemon) leads its process group: it is killed
-        # whole, its fork children too; only its group, never a group a reused pid might lead.
-        group = not process.daemon and process.pid is not None
-        if process.is_alive():
-            if group:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            process.kill()
-        process.join()
-        if group and group_members(process.pid):  # children that outlived it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        with self.lock:
-            self.live.discard(process)
-
-    def kill_all(self) -> None:
-        with self.lock:
-            live = list(self.live)
-        for process in live:
-            self.reap(process)
-
-    def spec(self, directory: Path, **fields: Any) -> dict[str, Any]:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "tmp").mkdir(exist_ok=True)
-        return {
-            "events": str(directory / "events.jsonl"),
-            "stdout": str(directory / "stdout.log"),
-            "stderr": str(directory / "stderr.log"),
-            "tmp": str(directory / "tmp"),
-            "state_dir": str(directory / "state"),
-            "seed": 7,
-            **fields,
-        }
-
-    def run_to_end(
-        self, target: Callable[[dict[str, Any]], None], spec: dict[str, Any], timeout: float
-    ) -> list[dict[str, Any]]:
-        """Start ``target(spec)``, wait for it, return its events; fail loudly if it failed."""
-        process = self.start(target, spec)
-        try:
-            process.join(timeout)
-        finally:
-            self.reap(process)
-        events = trainer.read_events(Path(spec["events"]))
-        if process.exitcode != 0:
-            raise HarnessError(f"{target.__name__} exited {process.exitcode}: {_tail(spec['stderr'])}")
-        return events
-
-
-def _tail(path: str, chars: int = 2000) -> str:
-    with contextlib.suppress(OSError):
-        return Path(path).read_text(errors="replace")[-chars:]
-    return ""
-
-
-def _wait_for(
-    process: Any,
-    path: Path,
-    name: str,
-    timeout: float,
-    after: int = 0,
-    test: Callable[[dict[str, Any]], bool] = lambda event: True,
-) -> list[dict[str, Any]] | None:
-    """Poll the event log until an event called ``name`` (passing ``test``, past the first
-    ``after`` events) appears; ``None`` if the process ended first or at the timeout."""
-
-    def found(events: list[dict[str, Any]]) -> bool:
-        return any(event["e"] == name and test(event) for event in events[after:])
-
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        events = trainer.read_events(path)
-        if found(events):
-            return events
-        if not process.is_alive():
-            events = trainer.read_events(path)
-            return events if found(events) else None
-        time.sleep(POLL_S)
-    return None
-
-
 class Supervisor:
     """Runs one configuration: runs of attempts, each preempted, until enough preemptions."""
 
@@ -923,7 +807,7 @@ class Supervisor:
             raised = "" if exception is None else f"{exception['kind']}: {exception['message']}; "
             raise HarnessError(
                 f"{config.name} attempt {number} ended without a preemption (exit {process.exitcode}): "
-                f"{raised}{_tail(spec['stderr'])}"
+                f"{raised}{tail(spec['stderr'])}"
             )
         return record
 
@@ -940,11 +824,11 @@ class Supervisor:
         """Wait for the attempt to resume training, then SIGTERM it at a random instant (with
         ``background`` timing: the first background save handed over after that instant)."""
         config, scale = self.config, self.scale
-        events = _wait_for(process, events_path, "resumed", START_TIMEOUT_S)
+        events = wait_for_event(process, events_path, "resumed", START_TIMEOUT_S)
         if events is None:
             raise HarnessError(
                 f"{config.name} attempt {number} never resumed (exit {process.exitcode}): "
-                f"{_tail(spec['stderr'])}"
+                f"{tail(spec['stderr'])}"
             )
         resumed_at = next(e["t"] for e in events if e["e"] == "resumed")
         if give_up:
@@ -956,7 +840,7 @@ class Supervisor:
             return None
         if self.scenario is not None and self.scenario.timing == "background":
             seen = len(trainer.read_events(events_path))
-            handed = _wait_for(
+            handed = wait_for_event(
                 process,
                 events_path,
                 "saved",
