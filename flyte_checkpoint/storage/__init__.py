@@ -2,9 +2,10 @@
 
 This package knows nothing of archive formats. It offers, for any supported URI, an atomic
 writer (nothing is visible until commit), a streaming reader that verifies the recorded digest
-at end of stream, object info, and copy. Local paths use the OS directly (:mod:`.local`); the
-object stores go through fsspec, one module per store (:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`)
-on what they share (:mod:`.fsspec_store`).
+at end of stream, object info, and copy. Local paths use the OS directly (:mod:`.stores.local`);
+the object stores go through fsspec, one module per store with its parallel adapter
+(:mod:`.stores.s3`, :mod:`.stores.gcs`, :mod:`.stores.azure`) on what they share
+(:mod:`.stores.fsspec_store`), their bytes moved by :mod:`.parallel`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from flyte_checkpoint.storage.base import (
     VerifyingReader,
     copy_stream,
 )
-from flyte_checkpoint.storage.local import LocalBackend
 from flyte_checkpoint.storage.options import (
     STORES,
     TransferSettings,
@@ -37,6 +37,7 @@ from flyte_checkpoint.storage.options import (
     check_names,
     validation_error,
 )
+from flyte_checkpoint.storage.stores.local import LocalBackend
 from flyte_checkpoint.uris import check_supported, is_local, scheme_of
 
 StorageOptions = Mapping[str, Any]
@@ -100,7 +101,7 @@ def backend_for(uri: str, storage_options: StorageOptions | None = None) -> Back
     if is_local(uri):
         check_local_options(storage_options or {})
         return _LOCAL[local_fsync(storage_options)]
-    from flyte_checkpoint.storage.fsspec_store import FsspecBackend
+    from flyte_checkpoint.storage.stores.fsspec_store import FsspecBackend
 
     module_name, _, class_name = STORES[scheme_of(uri)].partition(":")
     store: type[FsspecBackend] = getattr(importlib.import_module(module_name), class_name)

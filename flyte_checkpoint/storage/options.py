@@ -1,7 +1,7 @@
 """The storage options: which store takes which (the accepted-options table behind errors and the
-docs), this package's own transfer settings, and checking them before any client is built: names,
-values, and the few that fsspec implementations would otherwise accept and fail on only later (or
-never).
+docs), this package's own transfer settings, and checking them before any client is built: names and
+values (a store's own checks of values its client would accept and fail on only later, such as
+GCS's ``token``, live in its module in :mod:`~flyte_checkpoint.storage.stores`).
 
 Every refusal is a :class:`~flyte_checkpoint.errors.ConfigurationError` naming the option and
 what is accepted, on every backend: a misspelt option on local disk used to be accepted silently
@@ -16,7 +16,6 @@ import functools
 import importlib
 import inspect
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -30,16 +29,15 @@ from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
 logger = logging.getLogger("flyte_checkpoint")
 
 STORES = {
-    **dict.fromkeys(("s3", "s3a"), "flyte_checkpoint.storage.s3:S3Backend"),
-    **dict.fromkeys(("gs", "gcs"), "flyte_checkpoint.storage.gcs:GCSBackend"),
-    **dict.fromkeys(("abfs", "abfss", "az"), "flyte_checkpoint.storage.azure:AzureBackend"),
+    **dict.fromkeys(("s3", "s3a"), "flyte_checkpoint.storage.stores.s3:S3Backend"),
+    **dict.fromkeys(("gs", "gcs"), "flyte_checkpoint.storage.stores.gcs:GCSBackend"),
+    **dict.fromkeys(("abfs", "abfss", "az"), "flyte_checkpoint.storage.stores.azure:AzureBackend"),
 }
 """The backend class for each object-store URI scheme, one module per store, imported on first
 use so that a local-only program never imports fsspec."""
 
 REMOTE_STORES = ("s3", "gs", "abfs")
 _MiB = 1 << 20
-_GCSFS_TOKEN_WORDS = frozenset({"google_default", "cache", "anon", "browser", "cloud"})
 
 
 @functools.cache
@@ -88,34 +86,6 @@ def validation_error(exc: ValidationError, where: str) -> ConfigurationError:
         for error in exc.errors()
     )
     return ConfigurationError(f"invalid storage options for {where}: {problems}")
-
-
-def check_gcs_token(options: Mapping[str, Any]) -> None:
-    """Refuse a ``token`` naming a file that does not exist: gcsfs then falls back to Google's
-    token endpoint and fails with a ``requests.ConnectionError`` (or, online, a confusing 401)."""
-    token = options.get("token")
-    if not isinstance(token, str | os.PathLike) or str(token) in _GCSFS_TOKEN_WORDS:
-        return
-    path = os.fspath(token)
-    if not os.path.exists(path):
-        raise ConfigurationError(
-            f"storage option 'token' names {path!r}, which does not exist; give the path of a "
-            "service-account JSON file, a dict of its contents, or one of "
-            f"{', '.join(sorted(_GCSFS_TOKEN_WORDS))} (or leave it out to use "
-            "GOOGLE_APPLICATION_CREDENTIALS)"
-        )
-
-
-def constructor_error(exc: ValueError, scheme: str) -> ConfigurationError:
-    """The :class:`ConfigurationError` for a client constructor refusing its options (adlfs: a
-    malformed connection string, an account name without credentials or host)."""
-    return ConfigurationError(
-        f"the {scheme}:// storage options were refused by its client: {exc}; check "
-        "connection_string (DefaultEndpointsProtocol=...;AccountName=...;AccountKey=...;"
-        "BlobEndpoint=...) or account_name with account_key, sas_token or credential"
-        if scheme == "abfs"
-        else f"the {scheme}:// storage options were refused by its client: {exc}"
-    )
 
 
 class TransferSettings(BaseModel):
