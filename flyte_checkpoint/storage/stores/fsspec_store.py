@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Protocol, cast
 
 from fsspec.asyn import sync
-from pydantic import ValidationError
 
 from flyte_checkpoint.errors import BackendNotInstalledError
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
@@ -53,7 +52,7 @@ from flyte_checkpoint.storage.options import (
     accepted_anywhere,
     accepted_by,
     check_names,
-    validation_error,
+    split_transfer,
 )
 from flyte_checkpoint.storage.parallel.contract import RangeSource, UploadTarget
 from flyte_checkpoint.storage.parallel.reader import ParallelReader
@@ -144,15 +143,14 @@ class FsspecBackend(Backend):
     protocol: ClassVar[str]
     profile: ClassVar[StoreProfile]
 
-    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, storage_options: Mapping[str, Any] | None = None, transfer: TransferSettings | None = None
+    ) -> None:
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
         where = f"{self.protocol}:// storage"
         check_names(storage_options or {}, accepted_by(self.protocol) or accepted_anywhere(), where)
         # Ours, read before the client is built: its constructor never sees them.
-        try:
-            self.transfer, given = TransferSettings.from_storage_options(storage_options or {})
-        except ValidationError as exc:
-            raise validation_error(exc, where) from None
+        self.transfer, given = split_transfer(storage_options, transfer, where)
         self._check_options(given)
         options = merged_options(self._defaults(self.transfer), given)
         options.pop(FSYNC_OPTION, None)  # a local-disk option; uploads are durable once complete

@@ -76,8 +76,10 @@ class S3Backend(FsspecBackend):
     def _configure(self, options: Mapping[str, Any], own: Mapping[str, Any]) -> None:
         self.fs.retries = int(own["retries"])
 
-    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(storage_options)
+    def __init__(
+        self, storage_options: Mapping[str, Any] | None = None, transfer: TransferSettings | None = None
+    ) -> None:
+        super().__init__(storage_options, transfer)
         self.transfer = s3_settings(self.transfer)
 
     def parallel_object(self, uri: str) -> S3Object:
