@@ -90,16 +90,6 @@ def validation_error(exc: ValidationError, where: str, noun: str = "storage opti
     return ConfigurationError(f"invalid {noun}s for {where}: {problems}")
 
 
-class _RefusedSettings(ConfigurationError):
-    """Invalid :class:`TransferSettings` values, worded for the constructor; the pydantic error
-    stays at hand to word them as storage options instead (see
-    :meth:`TransferSettings.from_storage_options`)."""
-
-    def __init__(self, validation: ValidationError) -> None:
-        super().__init__(str(validation_error(validation, "TransferSettings", noun="transfer setting")))
-        self.validation = validation
-
-
 class TransferSettings(BaseModel):
     """This package's own transfer settings: how parallel a save or load is (and so how much
     memory it holds, see :func:`~flyte_checkpoint.storage.parallel.sizing.transfer_memory`), how
@@ -163,7 +153,8 @@ class TransferSettings(BaseModel):
         try:
             super().__init__(**settings)
         except ValidationError as exc:
-            raise _RefusedSettings(exc) from None
+            # The pydantic error stays as the cause: from_storage_options words it as storage options.
+            raise validation_error(exc, "TransferSettings", noun="transfer setting") from exc
 
     @classmethod
     def from_storage_options(cls, options: Mapping[str, Any]) -> tuple[TransferSettings, dict[str, Any]]:
@@ -174,8 +165,10 @@ class TransferSettings(BaseModel):
             given["max_concurrency"] = rest["max_concurrency"]
         try:
             return cls(**given), rest
-        except _RefusedSettings as exc:
-            raise exc.validation from None  # worded by the caller, who knows the store
+        except ConfigurationError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise exc.__cause__ from None  # worded by the caller, who knows the store
+            raise
 
     def policy(self) -> RetryPolicy:
         """The retries of one part or range request (see :mod:`~flyte_checkpoint.storage.retry`)."""
