@@ -16,6 +16,7 @@ from flyte_checkpoint import Checkpoint, ConfigurationError, TransferSettings
 from flyte_checkpoint.state import CheckpointManager, StateCheckpoint
 from flyte_checkpoint.storage import backend_for
 from flyte_checkpoint.storage.stores.local import LocalBackend
+from tests.state.workers import Unit
 from tests.storage.conftest import Remote, remote_for
 from tests.storage_servers import StorageServer
 
@@ -25,17 +26,6 @@ MiB = 1 << 20
 @pytest.fixture
 def s3(s3_server: StorageServer) -> Remote:
     return remote_for("s3", s3_server)
-
-
-class Counter:
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-    def state_dict(self) -> dict[str, int]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.value = state["value"]
 
 
 # -- the value object ----------------------------------------------------------------------------
@@ -117,15 +107,15 @@ def test_a_setting_given_both_ways_is_refused_on_local_disk(name: str, tmp_path:
 def test_the_state_managers_take_the_typed_settings_to_every_step(tmp_path: Path) -> None:
     transfer = TransferSettings(fsync=True)
     manager = CheckpointManager(tmp_path / "steps", keep_last=2, transfer=transfer)
-    manager.save(1, controller=Counter(7), parts=[])
+    manager.save(1, controller=Unit({0: 7}), parts=[])
     step = manager.at(1)
     assert step.transfer == transfer
     copied = pickle.loads(pickle.dumps(step))
     assert isinstance(copied, StateCheckpoint)
     assert copied.transfer == transfer
-    target = Counter(0)
+    target = Unit()
     manager.load(controller=target, parts=[])
-    assert target.value == 7
+    assert target.data == {0: 7}
 
 
 def test_the_task_context_gives_the_typed_settings_to_its_helper(tmp_path: Path) -> None:
