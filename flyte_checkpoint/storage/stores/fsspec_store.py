@@ -2,9 +2,10 @@
 
 What all three stores share lives here: :class:`StoreProfile` (what differs between them, as data),
 the option merging, the transfer settings
-(:class:`~flyte_checkpoint.storage.options.TransferSettings`, read from ``storage_options`` for
-every store before the client is built, so the client never sees them), the overall time bound of
-every operation (:mod:`~flyte_checkpoint.storage.deadline`) and :class:`FsspecBackend`. A save is a
+(:class:`~flyte_checkpoint.storage.options.TransferSettings`, given as ``transfer=`` or read from
+``storage_options`` for every store before the client is built, so the client never sees them), the
+overall time bound of every operation (:mod:`~flyte_checkpoint.storage.deadline`) and
+:class:`FsspecBackend`. A save is a
 :class:`~flyte_checkpoint.storage.parallel.writer.ParallelWriter`, a load a
 :class:`~flyte_checkpoint.storage.parallel.reader.ParallelReader`, over the store's adapter
 (:meth:`FsspecBackend.parallel_object`); each store's own module (:mod:`.s3`, :mod:`.gcs`,
