@@ -42,7 +42,7 @@ from flyte_checkpoint import (
     archive,
 )
 from flyte_checkpoint.storage import DIGEST_KEY, SIZE_KEY
-from flyte_checkpoint.storage.local import STAMP_KEY, XATTR_NAME, decode_record
+from flyte_checkpoint.storage.stores.local import STAMP_KEY, XATTR_NAME, decode_record
 from tests.conftest import tree_of
 
 SEED = 20_260_706

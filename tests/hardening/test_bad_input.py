@@ -38,7 +38,7 @@ from flyte_checkpoint import (
     CheckpointPermissionError,
     InvalidCheckpointInputError,
 )
-from flyte_checkpoint.storage.local import temp_files_for
+from flyte_checkpoint.storage.stores.local import temp_files_for
 from tests.conftest import tree_of
 from tests.saving.faults import fail_to_open
 

@@ -59,7 +59,7 @@ def series_size(backend: str, kind: str) -> int:
     return (256 if slow else 24 if kind == "dir" else 20) * MiB
 
 
-PRELOAD = {"local": (), "s3": ("flyte_checkpoint.storage.s3", "s3fs")}
+PRELOAD = {"local": (), "s3": ("flyte_checkpoint.storage.stores.s3", "s3fs")}
 """Modules the zygote imports before forking workers, per backend."""
 SPREAD = 1.2
 """Kills are spread from 0 to this multiple of a reference run's duration."""
@@ -557,6 +557,6 @@ def observe(src: str, storage_options: Mapping[str, Any] | None, digests: Mappin
 
 def local_temp_files(dest: str) -> frozenset[str]:
     """Names of the ``.fc-tmp`` files beside a local destination."""
-    from flyte_checkpoint.storage.local import temp_files_for
+    from flyte_checkpoint.storage.stores.local import temp_files_for
 
     return frozenset(path.name for path in temp_files_for(Path(dest)))

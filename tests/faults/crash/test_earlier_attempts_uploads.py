@@ -66,7 +66,7 @@ def _s3(server: StorageServer) -> Store:
         upload_id = call("create_multipart_upload", Key=key)["UploadId"]
         call("upload_part", Key=key, UploadId=upload_id, PartNumber=1, Body=b"p" * 1024)
 
-    preload = ("flyte_checkpoint.storage.s3", "s3fs")
+    preload = ("flyte_checkpoint.storage.stores.s3", "s3fs")
     return Store("s3", bucket, fs, server.storage_options, unfinished, start_another, preload)
 
 
@@ -84,7 +84,7 @@ def _gcs(server: StorageServer) -> Store:
     def start_another(key: str) -> None:
         fs.pipe_file(f"{bucket}/{key}.fc-parts/{uuid.uuid4().hex}/00001", b"p" * 1024)
 
-    preload = ("flyte_checkpoint.storage.gcs", "gcsfs")
+    preload = ("flyte_checkpoint.storage.stores.gcs", "gcsfs")
     return Store("gs", bucket, fs, server.storage_options, unfinished, start_another, preload)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.errors import CheckpointStorageError
-from flyte_checkpoint.storage.remote_errors import to_checkpoint_error
+from flyte_checkpoint.storage.errors import to_checkpoint_error
 from tests.faults.signals.processes import running
 from tests.faults.signals.test_interrupted_saves import location
 

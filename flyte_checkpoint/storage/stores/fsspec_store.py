@@ -1,13 +1,16 @@
 """Object stores through fsspec (s3fs, gcsfs, adlfs): saves and loads in parallel parts.
 
-What all three stores share lives here: :class:`StoreProfile` (what differs between them, as
-data), the option merging, the transfer settings (:class:`~.options.TransferSettings`, read
-from ``storage_options`` for every store before the client is built, so the client never sees
-them), the overall time bound of every operation (:mod:`.deadline`) and :class:`FsspecBackend`.
-A save is a :class:`~.parallel.ParallelWriter`, a load a :class:`~.parallel.ParallelReader`,
-over the store's adapter (:meth:`FsspecBackend.parallel_object`); each store's own module
-(:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`) holds its profile, names its adapter and does what else
-it does differently, the way fsspec keeps one module per implementation.
+What all three stores share lives here: :class:`StoreProfile` (what differs between them, as data),
+the option merging, the transfer settings
+(:class:`~flyte_checkpoint.storage.options.TransferSettings`, given as ``transfer=`` or read from
+``storage_options`` for every store before the client is built, so the client never sees them), the
+overall time bound of every operation (:mod:`~flyte_checkpoint.storage.deadline`) and
+:class:`FsspecBackend`. A save is a
+:class:`~flyte_checkpoint.storage.parallel.writer.ParallelWriter`, a load a
+:class:`~flyte_checkpoint.storage.parallel.reader.ParallelReader`, over the store's adapter
+(:meth:`FsspecBackend.parallel_object`); each store's own module (:mod:`.s3`, :mod:`.gcs`,
+:mod:`.azure`) holds its profile, names its adapter and does what else it does differently, the way
+fsspec keeps one module per implementation.
 
 Atomicity: an object store publishes an object only when the request that completes an upload
 succeeds (S3's CompleteMultipartUpload, GCS's last compose, Azure's Put Block List, or the one PUT
@@ -28,7 +31,6 @@ from dataclasses import dataclass
 from typing import IO, Any, ClassVar, Protocol, cast
 
 from fsspec.asyn import sync
-from pydantic import ValidationError
 
 from flyte_checkpoint.errors import BackendNotInstalledError
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter
@@ -45,21 +47,17 @@ from flyte_checkpoint.storage.base import (
     WriteGate,
 )
 from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.errors import confirm_absent, constructor_error, translated_backend_errors
 from flyte_checkpoint.storage.options import (
     TransferSettings,
     accepted_anywhere,
     accepted_by,
     check_names,
-    constructor_error,
-    validation_error,
+    split_transfer,
 )
-from flyte_checkpoint.storage.parallel import (
-    ParallelReader,
-    ParallelWriter,
-    RangeSource,
-    UploadTarget,
-)
-from flyte_checkpoint.storage.remote_errors import confirm_absent, translated_backend_errors
+from flyte_checkpoint.storage.parallel.contract import RangeSource, UploadTarget
+from flyte_checkpoint.storage.parallel.reader import ParallelReader
+from flyte_checkpoint.storage.parallel.writer import ParallelWriter
 from flyte_checkpoint.uris import scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -146,15 +144,14 @@ class FsspecBackend(Backend):
     protocol: ClassVar[str]
     profile: ClassVar[StoreProfile]
 
-    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, storage_options: Mapping[str, Any] | None = None, transfer: TransferSettings | None = None
+    ) -> None:
         self.records_digest_only_when_declared = not self.profile.metadata_at_commit
         where = f"{self.protocol}:// storage"
         check_names(storage_options or {}, accepted_by(self.protocol) or accepted_anywhere(), where)
         # Ours, read before the client is built: its constructor never sees them.
-        try:
-            self.transfer, given = TransferSettings.from_storage_options(storage_options or {})
-        except ValidationError as exc:
-            raise validation_error(exc, where) from None
+        self.transfer, given = split_transfer(storage_options, transfer, where)
         self._check_options(given)
         options = merged_options(self._defaults(self.transfer), given)
         options.pop(FSYNC_OPTION, None)  # a local-disk option; uploads are durable once complete

@@ -1,8 +1,10 @@
-"""Google Cloud Storage for :mod:`~flyte_checkpoint.storage.parallel`, on gcsfs's session.
+"""Google Cloud Storage through gcsfs: parallel part uploads composed into the object, parallel
+ranged loads pinned to one generation. The backend first, then its adapter for
+:mod:`~flyte_checkpoint.storage.parallel` (:class:`GCSObject`), on gcsfs's session.
 
 Requests use gcsfs's aiohttp session, credentials, endpoint and ``requests_timeout`` on its
 event loop, but not ``GCSFileSystem._call``: gcsfs retries each request up to 6 times with up
-to 32 s of back-off, on top of the per-part budget :mod:`parallel` keeps (see
+to 32 s of back-off, on top of the per-part budget :mod:`~flyte_checkpoint.storage.parallel` keeps (see
 :mod:`~flyte_checkpoint.storage.retry`). Errors are raised as gcsfs raises them
 (``validate_response``), so they translate as every other gcsfs error does.
 
@@ -17,7 +19,7 @@ returned, so a compose can only use the bytes this save sent. An object smaller 
 is one multipart (metadata + media) upload.
 
 Temporary objects live under a hidden prefix beside the destination,
-``<destination>.fc-parts/<upload id>/``, which :meth:`~.gcs.GCSBackend.list_prefix` leaves out
+``<destination>.fc-parts/<upload id>/``, which :meth:`GCSBackend.list_prefix` leaves out
 of listings. They are deleted when the save completes and when it fails; those a killed save
 left behind are deleted by the next large save to the same destination once older than
 ``stale_upload_age`` (:meth:`GCSObject.sweep_stale`), an age read on the store's clock, and
@@ -37,15 +39,70 @@ import contextlib
 import email.utils
 import json
 import logging
+import os
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
+from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.storage.base import ObjectInfo
-from flyte_checkpoint.storage.fsspec_store import our_metadata
-from flyte_checkpoint.storage.parallel import ObjectReplacedError, PartBody, RangeBody
+from flyte_checkpoint.storage.parallel.bodies import PartBody
+from flyte_checkpoint.storage.parallel.contract import ObjectReplacedError, RangeBody
+from flyte_checkpoint.storage.stores.fsspec_store import (
+    FsspecBackend,
+    StoreObject,
+    StoreProfile,
+    our_metadata,
+)
+
+PROFILE = StoreProfile(
+    implementation="gcsfs:GCSFileSystem",
+    extra="gcs",
+    # The compose that publishes the object sets its metadata, digest included.
+    metadata_at_commit=True,
+    server_side_copy=True,
+    defaults={"requests_timeout": 300},
+)
+
+_GCSFS_TOKEN_WORDS = frozenset({"google_default", "cache", "anon", "browser", "cloud"})
+
+
+def check_gcs_token(options: Mapping[str, Any]) -> None:
+    """Refuse a ``token`` naming a file that does not exist: gcsfs then falls back to Google's
+    token endpoint and fails with a ``requests.ConnectionError`` (or, online, a confusing 401)."""
+    token = options.get("token")
+    if not isinstance(token, str | os.PathLike) or str(token) in _GCSFS_TOKEN_WORDS:
+        return
+    path = os.fspath(token)
+    if not os.path.exists(path):
+        raise ConfigurationError(
+            f"storage option 'token' names {path!r}, which does not exist; give the path of a "
+            "service-account JSON file, a dict of its contents, or one of "
+            f"{', '.join(sorted(_GCSFS_TOKEN_WORDS))} (or leave it out to use "
+            "GOOGLE_APPLICATION_CREDENTIALS)"
+        )
+
+
+class GCSBackend(FsspecBackend):
+    """GCS: saves and loads in parallel parts; a save's temporary part objects are never listed."""
+
+    protocol = "gs"
+    profile = PROFILE
+    keeps_unfinished_uploads = True
+
+    def _check_options(self, options: Mapping[str, Any]) -> None:
+        check_gcs_token(options)
+
+    def parallel_object(self, uri: str) -> StoreObject:
+        return GCSObject(self.fs, uri)
+
+    def list_prefix(self, uri: str) -> list[str]:
+        return [listed for listed in super().list_prefix(uri) if not is_temporary(listed)]
+
+
+# -- the parallel adapter ---------------------------------------------------------------------
 
 logger = logging.getLogger("flyte_checkpoint")
 T = TypeVar("T")
@@ -97,8 +154,8 @@ class _Response:
 
 
 class GCSObject:
-    """One GCS object, as :class:`~.parallel.ParallelWriter` uploads it and
-    :class:`~.parallel.ParallelReader` reads it."""
+    """One GCS object, as :class:`~flyte_checkpoint.storage.parallel.writer.ParallelWriter` uploads it and
+    :class:`~flyte_checkpoint.storage.parallel.reader.ParallelReader` reads it."""
 
     def __init__(self, fs: Any, uri: str) -> None:
         self._fs = fs

@@ -1,15 +1,22 @@
-"""S3 for :mod:`~flyte_checkpoint.storage.parallel`, on the aiobotocore client s3fs holds.
+"""S3 (and S3-compatible stores) through s3fs's client: parallel part uploads, ranged loads.
 
-Requests go to the client directly, not through ``S3FileSystem._call_s3``: s3fs would retry
-each one ``fs.retries`` times on top of botocore's retries and of the per-part budget
-:mod:`parallel` keeps. The client still gets s3fs's request defaults (``s3_additional_kwargs``
-such as server-side encryption, requester pays) and its session handling.
+Saves and loads move their bytes with :mod:`~flyte_checkpoint.storage.parallel` on the S3
+adapter below (:class:`S3Object`; ``max_concurrency`` parts or ranges in flight, see
+:class:`~flyte_checkpoint.storage.options.TransferSettings`); the rest (``info``, copy,
+listing, deletes) goes through s3fs.
 
-Parts go out as the file-like :class:`~.parallel.PartBody` the writer hands over (a view of its
-buffer, or a range of the file being saved). botocore adds ``Expect: 100-continue`` to every
-request with a file-like body, which costs a round trip per part before any byte is sent: the
-handler is removed from the client. An object smaller than one part goes out as ``bytes``: one
-write of headers and body, without aiohttp's two thread-pool hops for a file-like payload.
+The adapter's requests go to the aiobotocore client s3fs holds directly, not through
+``S3FileSystem._call_s3``: s3fs would retry each one ``fs.retries`` times on top of botocore's
+retries and of the per-part budget :mod:`~flyte_checkpoint.storage.parallel` keeps. The client still
+gets s3fs's request defaults (``s3_additional_kwargs`` such as server-side encryption, requester
+pays) and its session handling.
+
+Parts go out as the file-like :class:`~flyte_checkpoint.storage.parallel.bodies.PartBody` the writer
+hands over (a view of its buffer, or a range of the file being saved). botocore adds ``Expect:
+100-continue`` to every request with a file-like body, which costs a round trip per part before any
+byte is sent: the handler is removed from the client. An object smaller than one part goes out as
+``bytes``: one write of headers and body, without aiohttp's two thread-pool hops for a file-like
+payload.
 """
 
 from __future__ import annotations
@@ -22,19 +29,77 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
-from flyte_checkpoint.progress import ProgressReporter
-from flyte_checkpoint.storage.base import DIGEST_KEY, ObjectInfo, WriteGate
-from flyte_checkpoint.storage.deadline import Deadline
-from flyte_checkpoint.storage.fsspec_store import our_metadata
+from fsspec.asyn import sync
+
+from flyte_checkpoint.storage.base import DIGEST_KEY, ObjectInfo
 from flyte_checkpoint.storage.options import TransferSettings
-from flyte_checkpoint.storage.parallel import (
-    ObjectReplacedError,
-    ParallelReader,
-    ParallelWriter,
-    PartBody,
-    RangeBody,
-    mark_retried_by_client,
+from flyte_checkpoint.storage.parallel.bodies import PartBody
+from flyte_checkpoint.storage.parallel.contract import ObjectReplacedError, RangeBody
+from flyte_checkpoint.storage.parallel.retries import mark_retried_by_client
+from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS
+from flyte_checkpoint.storage.stores.fsspec_store import (
+    FsspecBackend,
+    StoreProfile,
+    merged_options,
+    our_metadata,
 )
+
+PROFILE = StoreProfile(
+    implementation="s3fs:S3FileSystem",
+    extra="s3",
+    metadata_at_commit=False,
+    server_side_copy=True,
+    defaults={
+        "config_kwargs": {
+            "connect_timeout": 10,
+            "read_timeout": 120,
+            "retries": {"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
+        }
+    },
+    # s3fs's own retry loop repeats botocore's: off (one try), so the budget stays where
+    # storage/retry.py says. Set on the instance: its constructor ignores ``retries=``.
+    own_options={"retries": 1},
+)
+
+
+class S3Backend(FsspecBackend):
+    """S3: parallel saves and loads; ``info`` is one HEAD that includes the metadata."""
+
+    protocol = "s3"
+    profile = PROFILE
+    keeps_unfinished_uploads = True
+
+    def _defaults(self, transfer: TransferSettings) -> Mapping[str, Any]:
+        # botocore's pool would make parts beyond its 10 connections queue for one.
+        return merged_options(self.profile.defaults, pool_options(transfer))
+
+    def _configure(self, options: Mapping[str, Any], own: Mapping[str, Any]) -> None:
+        self.fs.retries = int(own["retries"])
+
+    def __init__(
+        self, storage_options: Mapping[str, Any] | None = None, transfer: TransferSettings | None = None
+    ) -> None:
+        super().__init__(storage_options, transfer)
+        self.transfer = s3_settings(self.transfer)
+
+    def parallel_object(self, uri: str) -> S3Object:
+        return S3Object(self.fs, uri)
+
+    def info(self, uri: str) -> ObjectInfo | None:
+        # One HEAD: s3fs's info() leaves out the user metadata, which cost a second HEAD.
+        bucket, key, version_id = self.fs.split_path(uri)
+        versioned = {"VersionId": version_id} if version_id else {}
+        with self._bounded(uri, "inspecting"):
+            try:
+                response = sync(
+                    self.fs.loop, self.fs._call_s3, "head_object", Bucket=bucket, Key=key, **versioned
+                )
+            except FileNotFoundError:
+                return None
+        return object_info(uri, response)
+
+
+# -- the parallel adapter ---------------------------------------------------------------------
 
 MIN_PART_SIZE = 5 << 20
 """S3 refuses parts below 5 MiB, except the last."""
@@ -271,38 +336,6 @@ class S3Object:
         return cast(RangeBody, response["Body"])
 
 
-def open_s3_writer(
-    fs: Any,
-    uri: str,
-    metadata: Mapping[str, str],
-    settings: TransferSettings,
-    *,
-    declared_digest: str | None = None,
-    declared_size: int | None = None,
-    progress: ProgressReporter | None = None,
-    gate: WriteGate | None = None,
-    deadline: Deadline | None = None,
-) -> ParallelWriter:
-    """An atomic, parallel upload to ``uri`` through ``fs`` (an ``s3fs.S3FileSystem``).
-
-    The arguments after ``settings`` are :meth:`Backend.open_write`'s: a declared digest and
-    size travel with the object from the start (S3 takes metadata when an upload begins) and the
-    commit refuses content that differs from them. ``deadline`` bounds the whole upload (by
-    default the one ``settings`` give).
-    """
-    return ParallelWriter.opened(
-        S3Object(fs, uri),
-        metadata,
-        s3_settings(settings),
-        metadata_at_start=True,
-        declared_digest=declared_digest,
-        declared_size=declared_size,
-        progress=progress,
-        gate=gate,
-        deadline=deadline,
-    )
-
-
 def s3_settings(settings: TransferSettings) -> TransferSettings:
     """``settings`` with parts of at least S3's minimum part size (5 MiB, but for the last)."""
     if settings.part_size < MIN_PART_SIZE:
@@ -321,10 +354,3 @@ def pool_options(settings: TransferSettings) -> dict[str, Any]:
     """
     in_flight = max(settings.max_concurrency, settings.file_concurrency)
     return {"config_kwargs": {"max_pool_connections": in_flight}}
-
-
-def open_s3_reader(
-    fs: Any, uri: str, settings: TransferSettings, *, deadline: Deadline | None = None
-) -> ParallelReader | None:
-    """A parallel, in-order read of the object at ``uri``; ``None`` when there is none."""
-    return ParallelReader.open(S3Object(fs, uri), settings, deadline=deadline)
