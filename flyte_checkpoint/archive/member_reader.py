@@ -98,7 +98,7 @@ class IndexedReader(io.RawIOBase):
         if not head:
             raise CheckpointCorruptError(
                 f"damaged archive: it ends at byte {start} after {len(self._seen)} data members, "
-                "before its index: the object is truncated"
+                "before the end of its index: the object is truncated"
             )
         if len(head) < members.HEADER_PREFIX:
             raise CheckpointCorruptError(
