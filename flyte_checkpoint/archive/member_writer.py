@@ -17,11 +17,10 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
-from flyte_checkpoint.archive.members import BLOCK, encode_data, encode_index
+from flyte_checkpoint.archive.members import BLOCK, Parts, encode_data, encode_index
 
 THREAD_PREFIX = "flyte-checkpoint-gzip"
 """The name prefix of the encoding threads (tests look for leftovers by it)."""
-_TRAILER = 8
 
 
 class MemberWriter:
@@ -32,33 +31,49 @@ class MemberWriter:
         self._level = level
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX)
         self._ahead = 2 * threads
-        self._pending: deque[Future[bytes]] = deque()
-        self._buffer = bytearray()
+        self._pending: deque[Future[Parts]] = deque()
+        self._pieces: deque[bytes | memoryview] = deque()
+        self._buffered = 0
         self._entries: list[tuple[int, int]] = []
         self._sizes: deque[int] = deque()
         self._offset = 0
-        self._held = b""
+        self._held: bytes | memoryview = b""
         self.closed = False
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        """Take ``data``; whole blocks go to the pool as they fill."""
+        """Take ``data`` (kept by reference when it is ``bytes``); whole blocks go to the pool."""
         if self.closed:
             raise ValueError("write to a closed archive stream")
-        self._buffer += data
-        if len(self._buffer) >= BLOCK:
-            view = memoryview(self._buffer)
-            whole = len(view) - len(view) % BLOCK
-            for start in range(0, whole, BLOCK):
-                self._submit(bytes(view[start : start + BLOCK]))
-            view.release()
-            del self._buffer[:whole]
-        return len(data)
+        size = len(data)
+        if size:
+            self._pieces.append(data if isinstance(data, bytes) else bytes(data))
+            self._buffered += size
+        while self._buffered >= BLOCK:
+            self._submit(self._take(BLOCK))
+        return size
 
     def flush(self) -> None:
         """Nothing to do: a member is written only once it is whole."""
+
+    def _take(self, size: int) -> bytes:
+        """The first ``size`` buffered bytes, joined: the only copy a stored block costs."""
+        parts: list[bytes | memoryview] = []
+        need = size
+        while need:
+            piece = self._pieces.popleft()
+            if len(piece) > need:
+                view = memoryview(piece)
+                parts.append(view[:need])
+                self._pieces.appendleft(view[need:])
+                need = 0
+            else:
+                parts.append(piece)
+                need -= len(piece)
+        self._buffered -= size
+        return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
 
     def _submit(self, block: bytes) -> None:
         self._pending.append(self._pool.submit(encode_data, block, self._level))
@@ -67,25 +82,26 @@ class MemberWriter:
             self._emit()
 
     def _emit(self) -> None:
-        member = self._pending.popleft().result()
-        self._entries.append((len(member), self._sizes.popleft()))
+        parts = self._pending.popleft().result()
+        length = sum(len(part) for part in parts)
+        self._entries.append((length, self._sizes.popleft()))
         if self._held:
             self._sink.write(self._held)
-        self._sink.write(memoryview(member)[:-_TRAILER])
-        self._held = member[-_TRAILER:]
-        self._offset += len(member)
+        for part in parts[:-1]:
+            self._sink.write(part)
+        self._held = parts[-1]  # the trailer
+        self._offset += length
 
     def close(self) -> None:
         """Encode what is left, write every member, then the index and the tail."""
         if self.closed:
             return
         try:
-            if self._buffer:
-                self._submit(bytes(self._buffer))
-                self._buffer.clear()
+            if self._buffered:
+                self._submit(self._take(self._buffered))
             while self._pending:
                 self._emit()
-            self._sink.write(self._held + encode_index(self._entries, self._offset))
+            self._sink.write(bytes(self._held) + encode_index(self._entries, self._offset))
         except BaseException:
             self.abandon()
             raise
@@ -97,5 +113,6 @@ class MemberWriter:
         the block each is encoding is done."""
         self.closed = True
         self._held = b""
+        self._pieces.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()

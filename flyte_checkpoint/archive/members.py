@@ -47,6 +47,9 @@ SAMPLE = 16 * 1024
 STORE_ABOVE = 0.90
 """A block whose samples deflate to more than this fraction of their size is stored as is."""
 
+Parts = list[bytes | memoryview]
+"""A member as the parts it is written in, in order."""
+
 KIND_DATA, KIND_INDEX, KIND_TAIL = 0, 1, 2
 _KINDS = {KIND_DATA: "data", KIND_INDEX: "index", KIND_TAIL: "tail"}
 _SUBFIELD_ID = b"FC"
@@ -82,10 +85,10 @@ def _header(kind: int, extra: bytes, body_length: int) -> bytes:
     )
 
 
-def _stored(block: bytes | memoryview) -> list[bytes | memoryview]:
+def _stored(block: bytes | memoryview) -> Parts:
     """``block`` as stored deflate blocks (no compression), the last one final."""
     view = memoryview(block)
-    parts: list[bytes | memoryview] = []
+    parts: Parts = []
     for start in range(0, max(len(view), 1), _STORED_MAX):
         chunk = view[start : start + _STORED_MAX]
         final = start + _STORED_MAX >= len(view)
@@ -142,10 +145,11 @@ def worth_compressing(block: bytes, level: int) -> bool:
     return deflated < STORE_ABOVE * sum(len(w) for w in windows)
 
 
-def encode_data(block: bytes, level: int) -> bytes:
-    """One data member holding ``block`` (at most :data:`BLOCK` bytes): deflated at ``level``
-    when that is worth it (:func:`worth_compressing`), else stored."""
-    body: list[bytes | memoryview]
+def encode_data(block: bytes, level: int) -> Parts:
+    """One data member holding ``block`` (at most :data:`BLOCK` bytes), in parts to be written in
+    order (a stored block's parts are views of ``block``: no copy); the last part is the 8-byte
+    trailer. Deflated at ``level`` when that is worth it (:func:`worth_compressing`), else stored."""
+    body: Parts
     if worth_compressing(block, level):
         deflated, crc = _deflate(block, level)
         body = [deflated]
@@ -153,7 +157,7 @@ def encode_data(block: bytes, level: int) -> bytes:
         body, crc = _stored(block), _crc32(block)
     trailer = _TRAILER.pack(crc, len(block) & 0xFFFFFFFF)
     body_length = sum(len(part) for part in body) + len(trailer)
-    return b"".join((_header(KIND_DATA, _DATA.pack(len(block)), body_length), *body, trailer))
+    return [_header(KIND_DATA, _DATA.pack(len(block)), body_length), *body, trailer]
 
 
 def _fixed_body(kind: int) -> bytes:
