@@ -141,9 +141,8 @@ def _decompressed(source: IO[bytes], threads: int | None) -> Iterator[IO[bytes]]
     while len(head) < members.HEADER_PREFIX and (more := source.read(members.HEADER_PREFIX - len(head))):
         head += more
     if members.is_indexed(head):
-        indexed = IndexedReader(source, head, compression_threads(threads))
-        with io.BufferedReader(indexed, CHUNK) as buffered:
-            yield cast(IO[bytes], buffered)
+        with IndexedReader(source, head, compression_threads(threads)) as indexed:
+            yield cast(IO[bytes], indexed)  # its read() hands over whole blocks: no buffer needed
         return
     from_start = cast(IO[bytes], io.BufferedReader(PrefixedReader(head, source)))
     with gzip_reader(from_start) as reader:

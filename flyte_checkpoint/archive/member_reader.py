@@ -38,7 +38,8 @@ class IndexedReader(io.RawIOBase):
         )
         self._ahead = threads + 1
         self._pending: deque[Future[bytes] | bytes] = deque()
-        self._current = memoryview(b"")
+        self._block = b""
+        self._position = 0
         self._seen: list[tuple[int, int]] = []
         self._listed: list[tuple[int, int]] = []
         self._index_offset: int | None = None
@@ -48,17 +49,25 @@ class IndexedReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        while not self._current:
+        data = self.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (a whole decoded block without copying it when it fits)."""
+        while self._position >= len(self._block):
             self._fill()
             if not self._pending:
-                return 0
+                return b""
             item = self._pending.popleft()
-            self._current = memoryview(item.result() if isinstance(item, Future) else item)
-        view = memoryview(buffer).cast("B")
-        count = min(len(view), len(self._current))
-        view[:count] = self._current[:count]
-        self._current = self._current[count:]
-        return count
+            self._block = item.result() if isinstance(item, Future) else item
+            self._position = 0
+        start = self._position
+        if size is None or size < 0 or start + size >= len(self._block):
+            self._position = len(self._block)
+            return self._block if start == 0 else self._block[start:]
+        self._position += size
+        return self._block[start : start + size]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -106,27 +115,28 @@ class IndexedReader(io.RawIOBase):
                 "object is truncated"
             )
         frame = members.frame(head, start)
-        member = head + self._read_exact(frame.length - len(head), f"the member that starts at byte {start}")
+        rest = self._read_exact(frame.length - len(head), f"the member that starts at byte {start}")
         if frame.kind == members.KIND_DATA:
-            self._data(member, start, frame)
-        elif frame.kind == members.KIND_INDEX:
-            members.check_fixed(member, start, frame)
+            self._data(rest, start, frame)
+            return
+        member = head + rest
+        members.check_fixed(member, start, frame)
+        if frame.kind == members.KIND_INDEX:
             if self._index_offset is None:
                 self._index_offset = start
             self._listed.extend(members.decode_index(member, start))
         else:
-            zeros = members.check_fixed(member, start, frame)
             self._tail(member, start)
-            self._pending.append(zeros)
+            self._pending.append(bytes(members.TAIL_CONTENT))
 
-    def _data(self, member: bytes, start: int, frame: members.Frame) -> None:
+    def _data(self, rest: bytes, start: int, frame: members.Frame) -> None:
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
-        self._seen.append((frame.length, members.declared_size(member)))
-        if self._pool is None:
-            self._pending.append(members.decode_data(member, start, frame))
+        self._seen.append((frame.length, members.declared_size(rest)))
+        if self._pool is None or members.is_stored(rest, frame):
+            self._pending.append(members.decode_data(rest, start, frame))
         else:
-            self._pending.append(self._pool.submit(members.decode_data, member, start, frame))
+            self._pending.append(self._pool.submit(members.decode_data, rest, start, frame))
 
     def _tail(self, member: bytes, start: int) -> None:
         index_offset, count, total = members.decode_tail(member)

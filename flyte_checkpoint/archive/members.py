@@ -243,21 +243,30 @@ def frame(head: bytes, offset: int) -> Frame:
     return Frame(kind, length, header_length)
 
 
-def declared_size(member: bytes) -> int:
-    """The uncompressed size a data member's header declares."""
-    (declared,) = _DATA.unpack_from(member, HEADER_PREFIX)
+def declared_size(rest: bytes) -> int:
+    """The uncompressed size a data member declares; ``rest`` is the member after its first
+    :data:`HEADER_PREFIX` bytes (which :func:`frame` read)."""
+    (declared,) = _DATA.unpack_from(rest)
     return int(declared)
 
 
-def decode_data(member: bytes, offset: int, frame_: Frame) -> bytes:
-    """The content of the data member ``member`` (all its bytes), checked: it must inflate to
-    exactly the size its header declares, with a matching CRC-32 and length. Releases the GIL
-    while inflating, so several members decode at once."""
-    declared = declared_size(member)
+def is_stored(rest: bytes, frame_: Frame) -> bool:
+    """Whether a data member (``rest`` as for :func:`declared_size`) starts with a stored
+    deflate block: this package stores a block whole or not at all, and decoding a stored one
+    is a copy and a CRC, cheaper than handing it to another thread."""
+    start = frame_.header_length - HEADER_PREFIX
+    return len(rest) > start and rest[start] & 0b110 == 0
+
+
+def decode_data(rest: bytes, offset: int, frame_: Frame) -> bytes:
+    """The content of a data member (``rest`` as for :func:`declared_size`), checked: it must
+    inflate to exactly the size its header declares, with a matching CRC-32 and length.
+    Releases the GIL while inflating, so several members decode at once."""
+    declared = declared_size(rest)
     where = f"the data member at byte {offset}"
     if declared > BLOCK:
         raise ArchiveIndexError(f"damaged archive: {where} declares {declared} bytes, over {BLOCK}")
-    body = memoryview(member)[frame_.header_length : len(member) - _TRAILER.size]
+    body = memoryview(rest)[frame_.header_length - HEADER_PREFIX : len(rest) - _TRAILER.size]
     if _isal_zlib is not None:
         inflater = _isal_zlib.decompressobj(wbits=-15)
     else:
@@ -266,7 +275,7 @@ def decode_data(member: bytes, offset: int, frame_: Frame) -> bytes:
         content = inflater.decompress(body, declared + 1)
     except _INFLATE_ERRORS as exc:
         raise ArchiveIndexError(f"damaged archive: {where} does not inflate: {exc}") from exc
-    crc, size = _TRAILER.unpack_from(member, len(member) - _TRAILER.size)
+    crc, size = _TRAILER.unpack_from(rest, len(rest) - _TRAILER.size)
     if len(content) != declared or not inflater.eof or inflater.unused_data or inflater.unconsumed_tail:
         raise ArchiveIndexError(
             f"damaged archive: {where} does not inflate to exactly the {declared} bytes it declares"
