@@ -13,6 +13,7 @@ from flyte_checkpoint.checkpoint import (
 )
 from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, current_checkpoint, task_context
 from flyte_checkpoint.errors import (
+    ArchiveIndexError,
     ArchiveLimitError,
     BackendNotInstalledError,
     CheckpointClosedError,
@@ -59,6 +60,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CHECKPOINT_CACHE_KEY",
     "PAYLOAD_BASENAME",
+    "ArchiveIndexError",
     "ArchiveLimitError",
     "BackendNotInstalledError",
     "BaseCheckpoint",
