@@ -38,7 +38,7 @@ class ObjectReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     uri: str
-    kind: Literal["archive", "payload", "empty"]
+    kind: Literal["archive", "payload", "manifest", "empty"]
     size: int
     modified: datetime | None = None
     recorded_format: str | None = None

@@ -1,0 +1,162 @@
+"""The chunk store of one checkpoint: content-addressed chunks, hashed, checked, moved in parallel.
+
+A chunk is a fixed-size piece of a file (the whole file when it is smaller), stored once under
+its SHA-256 (:func:`~.layout.chunk_uri`), whoever saved it and whenever: a save uploads only the
+chunks the store does not hold yet, and a load checks each chunk it reads against its name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from flyte_checkpoint.errors import CheckpointChunkError, InputChangedError
+from flyte_checkpoint.incremental.layout import chunk_uri
+from flyte_checkpoint.incremental.manifest import DEFAULT_CHUNK_SIZE, ChunkRef
+from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo
+from flyte_checkpoint.storage.base import CommitTurn
+from flyte_checkpoint.storage.errors import translated_os_errors
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+DEFAULT_WORKERS = 8
+"""Chunks hashed, looked up, uploaded or fetched at once (each holds one chunk in memory)."""
+CHUNK_FORMAT = "payload"
+"""A chunk's recorded format: its bytes as they are."""
+
+_FileVersion = tuple[int, int, int, int, int]
+"""What says a file is unchanged since it was hashed: device, inode, size, mtime, chunk size."""
+
+
+def parallel(work: Callable[[T], R], items: Iterable[T], workers: int) -> list[R]:
+    """``work`` of every item, ``workers`` at a time, in order; the first failure is raised."""
+    items = list(items)
+    if workers <= 1 or len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(
+        max_workers=min(workers, len(items)), thread_name_prefix="flyte-cp-chunk"
+    ) as pool:
+        return list(pool.map(work, items))
+
+
+class ChunkStore:
+    """The chunk store at ``uri`` (see :func:`~.layout.chunk_store_for`), as one helper uses it.
+
+    It remembers the chunks of the files it hashed, by device, inode, size and modification
+    time (what the single-object save also takes for a file's version), so a save re-reads only
+    the files that changed since the helper's last save. Whether a chunk is stored is asked of
+    the store every save, never remembered: garbage collection may have removed it since.
+    """
+
+    def __init__(
+        self, uri: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int = DEFAULT_WORKERS
+    ) -> None:
+        if chunk_size <= 0 or workers <= 0:
+            raise ValueError("chunk_size and workers must be positive")
+        self.uri = uri.rstrip("/")
+        self.chunk_size = chunk_size
+        self.workers = workers
+        self._hashed: dict[_FileVersion, tuple[ChunkRef, ...]] = {}
+        self._lock = threading.Lock()
+        self._uploaded = 0
+
+    @property
+    def uploaded_bytes(self) -> int:
+        """Chunk bytes this object uploaded so far, over all saves (what a save cost the network)."""
+        return self._uploaded
+
+    def __repr__(self) -> str:
+        return f"ChunkStore({self.uri!r})"
+
+    def chunk_uri(self, digest: str) -> str:
+        """The object holding the chunk ``digest``."""
+        return chunk_uri(self.uri, digest)
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def chunks_of(self, path: str, status: os.stat_result) -> tuple[ChunkRef, ...]:
+        """The chunks of the file at ``path`` (``status`` its lstat), hashed unless unchanged."""
+        version = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, self.chunk_size)
+        with self._lock:
+            known = self._hashed.get(version)
+        if known is not None:
+            return known
+        refs = []
+        with translated_os_errors(path, "reading"), open(path, "rb") as source:
+            while piece := source.read(self.chunk_size):
+                refs.append(ChunkRef(sha256=hashlib.sha256(piece).hexdigest(), size=len(piece)))
+            if os.fstat(source.fileno()).st_mtime_ns != status.st_mtime_ns:
+                raise _changed(path)
+        found = tuple(refs)
+        with self._lock:
+            self._hashed[version] = found
+        return found
+
+    def missing(self, backend: Backend, digests: Iterable[str]) -> set[str]:
+        """Those of ``digests`` the store does not hold (one metadata request each, in parallel)."""
+        ordered = sorted(set(digests))
+        held = parallel(
+            lambda digest: backend.info(self.chunk_uri(digest)) is not None, ordered, self.workers
+        )
+        return {digest for digest, present in zip(ordered, held, strict=True) if not present}
+
+    def upload(self, backend: Backend, path: str, index: int, ref: ChunkRef) -> None:
+        """Store chunk ``index`` of the file at ``path``, which must still hash to ``ref``."""
+        with translated_os_errors(path, "reading"), open(path, "rb") as source:
+            source.seek(index * self.chunk_size)
+            piece = source.read(self.chunk_size)
+        if len(piece) != ref.size or hashlib.sha256(piece).hexdigest() != ref.sha256:
+            raise _changed(path)
+        put_object(backend, self.chunk_uri(ref.sha256), piece, CHUNK_FORMAT)
+        with self._lock:
+            self._uploaded += ref.size
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def fetch(self, backend: Backend, ref: ChunkRef, *, needed_by: str) -> bytes:
+        """The bytes of chunk ``ref``, checked against its hash; ``needed_by`` names the file."""
+        uri = self.chunk_uri(ref.sha256)
+        reader = backend.open_read(uri)
+        if reader is None:
+            raise CheckpointChunkError(
+                f"chunk {uri} of {needed_by!r} is missing from the chunk store, so the checkpoint "
+                "cannot be restored; it was deleted outside flyte_checkpoint or by a garbage "
+                "collection that was told of too few live checkpoints. Point the source at an "
+                "earlier checkpoint or delete this one to start fresh"
+            )
+        with reader:
+            piece = reader.readall()  # to its end: the stored digest is checked too
+        if len(piece) != ref.size or hashlib.sha256(piece).hexdigest() != ref.sha256:
+            raise CheckpointChunkError(
+                f"chunk {uri} of {needed_by!r} is damaged: its content does not match the SHA-256 "
+                "it is stored under, so the checkpoint cannot be restored; delete the chunk (a "
+                "later save of the same content stores it again) and point the source at an "
+                "earlier checkpoint, or delete this one to start fresh"
+            )
+        return piece
+
+
+def put_object(
+    backend: Backend, uri: str, data: bytes, fmt: str, *, turn: CommitTurn | None = None
+) -> ObjectInfo:
+    """Store ``data`` as the object at ``uri`` (recorded format ``fmt``), atomically; commit in ``turn``."""
+    writer = backend.open_write_known(uri, {FORMAT_KEY: fmt}, data)
+    try:
+        writer.write(data)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit(turn=turn)
+
+
+def _changed(path: str) -> InputChangedError:
+    return InputChangedError(
+        f"{path} was modified while it was being saved, so what was read may mix two versions; "
+        "the save was discarded and the previous checkpoint kept. Write new files under another "
+        "name and rename them into place (os.replace), or save only once writing is done"
+    )
