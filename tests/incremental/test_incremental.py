@@ -22,6 +22,7 @@ from flyte_checkpoint.incremental import (
     save_directory,
 )
 from flyte_checkpoint.incremental.layout import PENDING
+from flyte_checkpoint.incremental.manifest import DirectoryEntry, LinkEntry
 from flyte_checkpoint.storage import backend_for
 from flyte_checkpoint.transfer import load_object
 from tests.conftest import tree_of
@@ -200,9 +201,11 @@ def test_an_unsafe_manifest_is_refused(tmp_path: Path) -> None:
     dest = tmp_path / "store" / "ckpt"
     dest.parent.mkdir()
     for hostile in (
-        Manifest(chunk_store="ckpt.chunks", chunk_size=1, directories=({"path": "../up", "mode": 0o755},)),
-        Manifest(chunk_store="ckpt.chunks", chunk_size=1, symlinks=({"path": "out", "target": "/etc"},)),
-        Manifest(chunk_store="ckpt.chunks", chunk_size=1, symlinks=({"path": "a", "target": "b/../.."},)),
+        Manifest(
+            chunk_store="ckpt.chunks", chunk_size=1, directories=(DirectoryEntry(path="../up", mode=0o755),)
+        ),
+        Manifest(chunk_store="ckpt.chunks", chunk_size=1, symlinks=(LinkEntry(path="out", target="/etc"),)),
+        Manifest(chunk_store="ckpt.chunks", chunk_size=1, symlinks=(LinkEntry(path="a", target="b/../.."),)),
     ):
         dest.write_bytes(hostile.encode())
         with pytest.raises(UnsafeArchiveError):
