@@ -79,7 +79,7 @@ class BaseCheckpoint(abc.ABC):
         """Restore the previous attempt's checkpoint; see :meth:`load_sync`."""
 
     @abc.abstractmethod
-    async def save(self, data: SaveData) -> None:
+    async def save(self, data: SaveData, *, incremental: bool = False) -> None:
         """Save ``data`` as this attempt's checkpoint; see :meth:`save_sync`."""
 
     @abc.abstractmethod
@@ -87,8 +87,9 @@ class BaseCheckpoint(abc.ABC):
         """Restore the previous attempt's checkpoint, blocking."""
 
     @abc.abstractmethod
-    def save_sync(self, data: SaveData) -> None:
-        """Save ``data`` as this attempt's checkpoint, blocking."""
+    def save_sync(self, data: SaveData, *, incremental: bool = False) -> None:
+        """Save ``data`` as this attempt's checkpoint, blocking; a directory with ``incremental``
+        as changed content only (:mod:`flyte_checkpoint.incremental`)."""
 
 
 class Checkpoint(BaseCheckpoint):
