@@ -35,7 +35,8 @@ def test_a_growing_output_directory_stores_each_checkpoint_once(tmp_path: Path) 
     output.mkdir()
     dest = tmp_path / "store" / "ckpt"
     mirror = DirectoryMirror(incremental=True)
-    with Counting(dest) as checkpoint:
+    checkpoint = Counting(dest)
+    with checkpoint:
         for step in range(5):
             (output / f"checkpoint-{step}").mkdir()
             (output / f"checkpoint-{step}" / "model.bin").write_bytes(os.urandom(64 * KIB))
