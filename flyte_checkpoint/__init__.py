@@ -15,6 +15,7 @@ from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, current_
 from flyte_checkpoint.errors import (
     ArchiveLimitError,
     BackendNotInstalledError,
+    CheckpointChunkError,
     CheckpointClosedError,
     CheckpointCorruptError,
     CheckpointError,
@@ -62,6 +63,7 @@ __all__ = [
     "BackendNotInstalledError",
     "BaseCheckpoint",
     "Checkpoint",
+    "CheckpointChunkError",
     "CheckpointClosedError",
     "CheckpointCorruptError",
     "CheckpointError",
