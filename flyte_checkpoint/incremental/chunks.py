@@ -79,9 +79,12 @@ class ChunkStore:
 
     # -- saving -------------------------------------------------------------------------------
 
+    def _version(self, status: os.stat_result) -> _FileVersion:
+        return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, self.chunk_size)
+
     def chunks_of(self, path: str, status: os.stat_result) -> tuple[ChunkRef, ...]:
         """The chunks of the file at ``path`` (``status`` its lstat), hashed unless unchanged."""
-        version = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, self.chunk_size)
+        version = self._version(status)
         with self._lock:
             known = self._hashed.get(version)
         if known is not None:
@@ -96,6 +99,13 @@ class ChunkStore:
         with self._lock:
             self._hashed[version] = found
         return found
+
+    def forget_all_but(self, statuses: Iterable[os.stat_result]) -> None:
+        """Keep the hashes of these files only (those of the newest save): memory stays bounded
+        by one tree, however many files a run ever wrote."""
+        keep = {self._version(status) for status in statuses}
+        with self._lock:
+            self._hashed = {version: refs for version, refs in self._hashed.items() if version in keep}
 
     def missing(self, backend: Backend, digests: Iterable[str]) -> set[str]:
         """Those of ``digests`` the store does not hold (one metadata request each, in parallel)."""

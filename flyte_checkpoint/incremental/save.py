@@ -91,7 +91,7 @@ def save_directory(backend: Backend, uri: str, directory: Path, how: Incremental
             how.check_unchanged()
         info = put_object(backend, uri, manifest.encode(), MANIFEST_FORMAT, turn=how.commit_turn)
     finally:
-        backend.delete(marker)
+        _remove_marker(backend, marker)
     logger.debug("%s: uploaded %d new chunk bytes of %d", uri, total, manifest.content_size)
     return info
 
@@ -107,6 +107,7 @@ def _manifest_of(directory: Path, store: ChunkStore, relative: str) -> tuple[Man
         else:
             files.append((path, name, status))
     chunks = parallel(lambda item: store.chunks_of(item[0], item[2]), files, store.workers)
+    store.forget_all_but(status for _, _, status in files)
     entries = [
         FileEntry(path=name, mode=status.st_mode & 0o7777, size=status.st_size, chunks=refs)
         for (_, name, status), refs in zip(files, chunks, strict=True)
@@ -119,3 +120,12 @@ def _manifest_of(directory: Path, store: ChunkStore, relative: str) -> tuple[Man
         symlinks=tuple(links),
     )
     return manifest, {name: path for path, name, _ in files}
+
+
+def _remove_marker(backend: Backend, marker: str) -> None:
+    """Remove this save's marker; a failure is only logged: it must not hide the save's own
+    outcome, and garbage collection removes a marker left behind once it expires."""
+    try:
+        backend.delete(marker)
+    except Exception as error:
+        logger.warning("could not remove the pending-save marker %s: %s", marker, error)
