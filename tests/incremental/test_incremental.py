@@ -118,11 +118,16 @@ def test_load_restores_bytes_modes_links_and_empty_entries(any_store: Store, tmp
     assert os.readlink(restored / "link") == "nested/run.sh"
 
 
-def test_the_helper_saves_incrementally_and_loads_either_kind(tmp_path: Path) -> None:
+def _one_file(tmp_path: Path, data: bytes) -> tuple[Path, Path]:
+    """A directory holding one file, and where to save it."""
     source = tmp_path / "state"
     source.mkdir()
-    (source / "a.bin").write_bytes(b"first")
-    dest = tmp_path / "store" / "ckpt"
+    (source / "a.bin").write_bytes(data)
+    return source, tmp_path / "store" / "ckpt"
+
+
+def test_the_helper_saves_incrementally_and_loads_either_kind(tmp_path: Path) -> None:
+    source, dest = _one_file(tmp_path, b"first")
     with Checkpoint(dest) as helper:
         helper.save_sync(source, incremental=True, background=True)
         helper.wait_sync()
@@ -140,10 +145,7 @@ def test_the_helper_saves_incrementally_and_loads_either_kind(tmp_path: Path) ->
 
 
 def test_a_manifest_without_its_metadata_is_still_recognised(tmp_path: Path) -> None:
-    source = tmp_path / "state"
-    source.mkdir()
-    (source / "a.bin").write_bytes(b"content")
-    dest = tmp_path / "store" / "ckpt"
+    source, dest = _one_file(tmp_path, b"content")
     with Checkpoint(dest) as helper:
         helper.save_sync(source, incremental=True)
     copied = dest.with_name("copied")  # beside it, so its relative chunk store is the same
