@@ -12,11 +12,14 @@ What is live, and so never removed:
 * every chunk younger than ``grace``: a last guard for saves whose marker is older than the
   listing (clock skew between the store and this process, a store listing late).
 
-The order matters and is fixed: chunks are listed first, then manifests and markers are read,
-then unreferenced old chunks are deleted. A save that starts after the markers were listed
-and reuses a chunk this collection is about to delete is the one case left; it needs an
-orphan chunk older than ``grace`` to become referenced again within the seconds a collection
-runs, and a helper never runs its collection concurrently with its own saves.
+The order matters and is fixed: chunks are listed first, then the markers are read, then the
+manifests, then unreferenced old chunks are deleted. A save whose marker was listed is
+covered whatever it does next; one that commits its manifest before the manifests are read is
+covered by its manifest; one that starts later uploads only chunks younger than ``grace``,
+apart from chunks it finds already stored. So the one case left is a save that starts after
+the markers were read and reuses an unreferenced chunk older than ``grace`` in the seconds
+before this collection deletes it; a helper never runs its collection concurrently with its
+own saves, which leaves a concurrent process saving the same checkpoint (a zombie attempt).
 
 A marker older than ``pending_expiry`` belongs to a save that was killed: it is removed.
 """
@@ -68,8 +71,6 @@ def collect_garbage(
         info for info in _infos(backend, f"{store.uri}/{CHUNKS}", store) if digest_of_chunk_uri(info.uri)
     ]
     referenced: set[str] = set()
-    for uri in live:
-        referenced |= _referenced_by(backend, uri)
     now = now or datetime.datetime.now(datetime.timezone.utc)
     for marker in _infos(backend, f"{store.uri}/{PENDING}", store):
         if marker.modified is not None and now - marker.modified > pending_expiry:
@@ -77,6 +78,8 @@ def collect_garbage(
             backend.delete(marker.uri)
             continue
         referenced |= _listed_by_marker(backend, marker.uri)
+    for uri in live:
+        referenced |= _referenced_by(backend, uri)
     doomed = [
         info
         for info in chunks
