@@ -7,6 +7,7 @@ chunks the store does not hold yet, and a load checks each chunk it reads agains
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import threading
@@ -34,14 +35,24 @@ _FileVersion = tuple[int, int, int, int, int]
 
 
 def parallel(work: Callable[[T], R], items: Iterable[T], workers: int) -> list[R]:
-    """``work`` of every item, ``workers`` at a time, in order; the first failure is raised."""
+    """``work`` of every item, ``workers`` at a time, in order; the first failure is raised.
+
+    Each item runs in a copy of the caller's context: a save's time bound after a preemption
+    notice (:func:`~flyte_checkpoint.storage.deadline.finish_by`) bounds its chunks too.
+    """
     items = list(items)
     if workers <= 1 or len(items) <= 1:
         return [work(item) for item in items]
     with ThreadPoolExecutor(
         max_workers=min(workers, len(items)), thread_name_prefix="flyte-cp-chunk"
     ) as pool:
-        return list(pool.map(work, items))
+        futures = [pool.submit(contextvars.copy_context().run, work, item) for item in items]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()  # the rest would only be discarded: do not start them
+            raise
 
 
 class ChunkStore:
