@@ -87,6 +87,8 @@ def save_directory(backend: Backend, uri: str, directory: Path, how: Incremental
                     how.progress(sent[0], total)
 
         parallel(upload, uploads.values(), store.workers)
+        if how.progress is not None and not uploads:
+            how.progress(0, 0)  # nothing to send: done
         if how.check_unchanged is not None:
             how.check_unchanged()
         info = put_object(backend, uri, manifest.encode(), MANIFEST_FORMAT, turn=how.commit_turn)
