@@ -27,6 +27,8 @@ R = TypeVar("R")
 
 DEFAULT_WORKERS = 8
 """Chunks hashed, looked up, uploaded or fetched at once (each holds one chunk in memory)."""
+KEPT_FOR_UPLOAD = 128 << 20
+"""Bytes of newly hashed chunks a save keeps in memory to upload without reading them again."""
 CHUNK_FORMAT = "payload"
 """A chunk's recorded format: its bytes as they are."""
 
@@ -55,6 +57,31 @@ def parallel(work: Callable[[T], R], items: Iterable[T], workers: int) -> list[R
             raise
 
 
+class ReadChunks:
+    """Chunks one save read while hashing them, kept (up to ``budget`` bytes) for its uploads.
+
+    A kept chunk is uploaded from the very bytes its hash was computed from, so it is neither
+    read nor hashed a second time; a chunk not kept is read again and checked against its hash.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._kept: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def offer(self, digest: str, piece: bytes) -> None:
+        """Keep ``piece`` (whose SHA-256 is ``digest``) if the budget allows."""
+        with self._lock:
+            if digest not in self._kept and len(piece) <= self._budget:
+                self._kept[digest] = piece
+                self._budget -= len(piece)
+
+    def take(self, digest: str) -> bytes | None:
+        """The kept chunk ``digest``, given up by this object; ``None`` if it was not kept."""
+        with self._lock:
+            return self._kept.pop(digest, None)
+
+
 class ChunkStore:
     """The chunk store at ``uri`` (see :func:`~.layout.chunk_store_for`), as one helper uses it.
 
@@ -65,13 +92,20 @@ class ChunkStore:
     """
 
     def __init__(
-        self, uri: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int = DEFAULT_WORKERS
+        self,
+        uri: str,
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        workers: int = DEFAULT_WORKERS,
+        kept_for_upload: int = KEPT_FOR_UPLOAD,
     ) -> None:
-        if chunk_size <= 0 or workers <= 0:
-            raise ValueError("chunk_size and workers must be positive")
+        if chunk_size <= 0 or workers <= 0 or kept_for_upload < 0:
+            raise ValueError("chunk_size and workers must be positive, kept_for_upload not negative")
         self.uri = uri.rstrip("/")
         self.chunk_size = chunk_size
         self.workers = workers
+        self.kept_for_upload = kept_for_upload
+        """Bytes of newly hashed chunks a save keeps in memory for its uploads (:class:`ReadChunks`)."""
         self._hashed: dict[_FileVersion, tuple[ChunkRef, ...]] = {}
         self._lock = threading.Lock()
         self._uploaded = 0
@@ -93,8 +127,11 @@ class ChunkStore:
     def _version(self, status: os.stat_result) -> _FileVersion:
         return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, self.chunk_size)
 
-    def chunks_of(self, path: str, status: os.stat_result) -> tuple[ChunkRef, ...]:
-        """The chunks of the file at ``path`` (``status`` its lstat), hashed unless unchanged."""
+    def chunks_of(
+        self, path: str, status: os.stat_result, read: ReadChunks | None = None
+    ) -> tuple[ChunkRef, ...]:
+        """The chunks of the file at ``path`` (``status`` its lstat), hashed unless unchanged;
+        what is hashed is offered to ``read``."""
         version = self._version(status)
         with self._lock:
             known = self._hashed.get(version)
@@ -104,6 +141,8 @@ class ChunkStore:
         with translated_os_errors(path, "reading"), open(path, "rb") as source:
             while piece := source.read(self.chunk_size):
                 refs.append(ChunkRef(sha256=hashlib.sha256(piece).hexdigest(), size=len(piece)))
+                if read is not None:
+                    read.offer(refs[-1].sha256, piece)
             if os.fstat(source.fileno()).st_mtime_ns != status.st_mtime_ns:
                 raise _changed(path)
         found = tuple(refs)
@@ -126,13 +165,18 @@ class ChunkStore:
         )
         return {digest for digest, present in zip(ordered, held, strict=True) if not present}
 
-    def upload(self, backend: Backend, path: str, index: int, ref: ChunkRef) -> None:
-        """Store chunk ``index`` of the file at ``path``, which must still hash to ``ref``."""
-        with translated_os_errors(path, "reading"), open(path, "rb") as source:
-            source.seek(index * self.chunk_size)
-            piece = source.read(self.chunk_size)
-        if len(piece) != ref.size or hashlib.sha256(piece).hexdigest() != ref.sha256:
-            raise _changed(path)
+    def upload(
+        self, backend: Backend, path: str, index: int, ref: ChunkRef, read: ReadChunks | None = None
+    ) -> None:
+        """Store chunk ``index`` of the file at ``path`` (kept in ``read``, or read again and
+        checked to still hash to ``ref``)."""
+        piece = read.take(ref.sha256) if read is not None else None
+        if piece is None:
+            with translated_os_errors(path, "reading"), open(path, "rb") as source:
+                source.seek(index * self.chunk_size)
+                piece = source.read(self.chunk_size)
+            if len(piece) != ref.size or hashlib.sha256(piece).hexdigest() != ref.sha256:
+                raise _changed(path)
         put_object(backend, self.chunk_uri(ref.sha256), piece, CHUNK_FORMAT)
         with self._lock:
             self._uploaded += ref.size

@@ -5,8 +5,9 @@ The steps, in this order (garbage collection relies on it, see :mod:`.gc`):
 1. walk the tree (refusing what a directory archive refuses) and hash every file that changed
    since this helper last hashed it;
 2. write a pending marker listing every chunk the manifest will reference;
-3. ask the store which of them it lacks (in parallel) and upload those (in parallel), each
-   re-read and checked against its hash, so a file rewritten meanwhile fails the save;
+3. ask the store which of them it lacks (in parallel) and upload those (in parallel): from
+   the bytes step 1 hashed while they fit :attr:`ChunkStore.kept_for_upload`, else read again
+   and checked against the hash, so a file rewritten meanwhile fails the save;
 4. commit the manifest at the checkpoint's location with the store's atomic write: until then
    readers see the previous checkpoint, after it the new one, whole;
 5. remove the marker.
@@ -23,7 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flyte_checkpoint.archive import walk_tree
-from flyte_checkpoint.incremental.chunks import ChunkStore, parallel, put_object
+from flyte_checkpoint.incremental.chunks import (
+    ChunkStore,
+    ReadChunks,
+    parallel,
+    put_object,
+)
 from flyte_checkpoint.incremental.layout import PENDING, relative_store
 from flyte_checkpoint.incremental.manifest import (
     MANIFEST_FORMAT,
@@ -62,7 +68,8 @@ def save_directory(backend: Backend, uri: str, directory: Path, how: Incremental
     Returns the manifest's info; :attr:`ChunkStore.uploaded_bytes` counts the chunk bytes sent.
     """
     store = how.store
-    manifest, where = _manifest_of(directory, store, relative_store(uri, store.uri))
+    read = ReadChunks(store.kept_for_upload)
+    manifest, where = _manifest_of(directory, store, relative_store(uri, store.uri), read)
     marker = f"{store.uri}/{PENDING}/{uuid.uuid4().hex}.json"
     put_object(backend, marker, json.dumps(sorted(manifest.digests())).encode(), "payload")
     try:
@@ -80,7 +87,7 @@ def save_directory(backend: Backend, uri: str, directory: Path, how: Incremental
             if how.gate is not None:
                 how.gate.wait()
             path, index, ref = item
-            store.upload(backend, path, index, ref)
+            store.upload(backend, path, index, ref, read)
             if how.progress is not None:
                 with counting:
                     sent[0] += ref.size
@@ -98,7 +105,9 @@ def save_directory(backend: Backend, uri: str, directory: Path, how: Incremental
     return info
 
 
-def _manifest_of(directory: Path, store: ChunkStore, relative: str) -> tuple[Manifest, dict[str, str]]:
+def _manifest_of(
+    directory: Path, store: ChunkStore, relative: str, read: ReadChunks
+) -> tuple[Manifest, dict[str, str]]:
     """The manifest of ``directory`` and where each listed file is on disk (hashing in parallel)."""
     directories, links, files = [], [], []
     for kind, path, name, status, target in walk_tree(directory):
@@ -108,7 +117,7 @@ def _manifest_of(directory: Path, store: ChunkStore, relative: str) -> tuple[Man
             links.append(LinkEntry(path=name, target=target))
         else:
             files.append((path, name, status))
-    chunks = parallel(lambda item: store.chunks_of(item[0], item[2]), files, store.workers)
+    chunks = parallel(lambda item: store.chunks_of(item[0], item[2], read), files, store.workers)
     store.forget_all_but(status for _, _, status in files)
     entries = [
         FileEntry(path=name, mode=status.st_mode & 0o7777, size=status.st_size, chunks=refs)

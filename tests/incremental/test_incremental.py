@@ -6,12 +6,13 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from flyte_checkpoint import Checkpoint
-from flyte_checkpoint.errors import CheckpointChunkError, UnsafeArchiveError
+from flyte_checkpoint.errors import CheckpointChunkError, InputChangedError, UnsafeArchiveError
 from flyte_checkpoint.incremental import (
     ChunkStore,
     IncrementalSave,
@@ -23,7 +24,7 @@ from flyte_checkpoint.incremental import (
 )
 from flyte_checkpoint.incremental.layout import PENDING
 from flyte_checkpoint.incremental.manifest import DirectoryEntry, LinkEntry
-from flyte_checkpoint.storage import backend_for
+from flyte_checkpoint.storage import Backend, backend_for
 from flyte_checkpoint.transfer import load_object
 from tests.conftest import tree_of
 from tests.stores import Store
@@ -56,12 +57,16 @@ def _load(store: Store, uri: str, workspace: Path) -> Path | None:
     return load_object(backend, uri, workspace, reset=reset)
 
 
-def test_ten_saves_of_a_growing_directory_upload_only_the_new_files(store: Store, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kept", [64 * KIB, 0], ids=["kept-in-memory", "read-again"])
+def test_ten_saves_of_a_growing_directory_upload_only_the_new_files(
+    store: Store, tmp_path: Path, kept: int
+) -> None:
     source = tmp_path / "output"
     source.mkdir()
     uri = store.uri("run/ckpt")
     backend = backend_for(uri, store.storage_options)
-    chunks = ChunkStore(chunk_store_for(uri, run_name=None, action_name=None))
+    store_uri = chunk_store_for(uri, run_name=None, action_name=None)
+    chunks = ChunkStore(store_uri, chunk_size=32 * KIB, kept_for_upload=kept)
     for step in range(10):
         size = (step + 1) * 10 * KIB
         (source / f"checkpoint-{step}.bin").write_bytes(os.urandom(size))
@@ -268,3 +273,20 @@ def test_the_helper_collects_garbage_of_replaced_saves(tmp_path: Path) -> None:
         helper.save_sync(source, incremental=True)
         collected = helper.collect_garbage_sync(grace=datetime.timedelta(0))
     assert (collected.removed, collected.kept) == (1, 1)
+
+
+def test_a_file_rewritten_during_the_save_fails_it_and_commits_nothing(tmp_path: Path) -> None:
+    source, dest = _one_file(tmp_path, b"a" * 1000)
+    uri = str(dest)
+    chunks = ChunkStore(chunk_store_for(uri, run_name=None, action_name=None), kept_for_upload=0)
+    looked_up = chunks.missing
+
+    def rewrite_then_look_up(backend: Backend, digests: Iterable[str]) -> set[str]:
+        (source / "a.bin").write_bytes(b"b" * 1000)  # after hashing, before the upload reads it
+        return looked_up(backend, digests)
+
+    chunks.missing = rewrite_then_look_up  # type: ignore[method-assign]
+    with pytest.raises(InputChangedError, match="modified while it was being saved"):
+        save_directory(backend_for(uri), uri, source, IncrementalSave(chunks))
+    assert not dest.exists()
+    assert list((Path(chunks.uri) / PENDING).iterdir()) == []  # its marker is gone too
