@@ -7,23 +7,12 @@ depend on timing: incremental saves move less than plain ones of the same growin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "incremental.py"
+from tests.benchmark_runs import run_benchmark
 
 
-def test_the_incremental_benchmark_reports_every_figure(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(REPO),
-        check=False,
-    )
+def test_the_incremental_benchmark_reports_every_figure() -> None:
+    done = run_benchmark("incremental.py", "--smoke", "--json", timeout=300)
     assert done.returncode == 0, f"incremental.py failed:\n{done.stderr[-4000:]}"
     plain, incremental = json.loads(done.stdout)["results"]
     for result in (plain, incremental):
