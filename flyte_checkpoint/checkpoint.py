@@ -23,6 +23,13 @@ from flyte_checkpoint.errors import (
     add_context,
     describe_error,
 )
+from flyte_checkpoint.incremental import (
+    DEFAULT_GRACE,
+    ChunkStore,
+    CollectedGarbage,
+    chunk_store_for,
+    collect_garbage,
+)
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.resume import MAX_WALK_BACK, RestoredFrom, discard_earlier_uploads, restore_newest
@@ -43,6 +50,7 @@ from flyte_checkpoint.uris import (
     is_local,
     local_path,
     repair_prev_checkpoint_uri,
+    scheme_of,
 )
 from flyte_checkpoint.workspace import Workspace
 
@@ -72,7 +80,7 @@ class BaseCheckpoint(abc.ABC):
         """Restore the previous attempt's checkpoint; see :meth:`load_sync`."""
 
     @abc.abstractmethod
-    async def save(self, data: SaveData) -> None:
+    async def save(self, data: SaveData, *, incremental: bool = False) -> None:
         """Save ``data`` as this attempt's checkpoint; see :meth:`save_sync`."""
 
     @abc.abstractmethod
@@ -80,8 +88,9 @@ class BaseCheckpoint(abc.ABC):
         """Restore the previous attempt's checkpoint, blocking."""
 
     @abc.abstractmethod
-    def save_sync(self, data: SaveData) -> None:
-        """Save ``data`` as this attempt's checkpoint, blocking."""
+    def save_sync(self, data: SaveData, *, incremental: bool = False) -> None:
+        """Save ``data`` as this attempt's checkpoint, blocking; a directory with ``incremental``
+        as changed content only (:mod:`flyte_checkpoint.incremental`)."""
 
 
 class Checkpoint(BaseCheckpoint):
@@ -177,7 +186,10 @@ class Checkpoint(BaseCheckpoint):
         self._loaded = False
         self._restored: Path | None = None
         self._earlier_uploads_discarded = False
-        self._saves = SaveScheduler(Destination(dest, self._dest_backend, self._retry, compression_level))
+        self._chunk_store = ChunkStore(chunk_store_for(dest, run_name=run_name, action_name=action_name))
+        self._saves = SaveScheduler(
+            Destination(dest, self._dest_backend, self._retry, compression_level, self._chunk_store)
+        )
 
     # -- locations --------------------------------------------------------------------------
 
@@ -407,12 +419,24 @@ class Checkpoint(BaseCheckpoint):
     # -- save --------------------------------------------------------------------------------
 
     def save_sync(
-        self, data: SaveData, *, background: bool = False, progress: ProgressCallback | None = None
+        self,
+        data: SaveData,
+        *,
+        background: bool = False,
+        progress: ProgressCallback | None = None,
+        incremental: bool = False,
     ) -> None:
         """Save ``data`` to :attr:`remote_destination`, atomically replacing what was there.
 
         ``bytes`` become the object; a file path is uploaded as-is; a directory path is uploaded
         as one ``.tar.gz`` of its immediate children, streamed (no temporary archive).
+
+        With ``incremental=True`` a directory is saved as content-addressed chunks, of which
+        only those not stored yet by a save of this checkpoint (any attempt) are uploaded, and
+        a manifest committed last at :attr:`remote_destination` (see
+        :mod:`flyte_checkpoint.incremental`); :meth:`load_sync` restores either kind. The
+        reference SDK cannot read a manifest. Bytes and files are saved as one object all the
+        same. :meth:`collect_garbage_sync` removes the chunks no checkpoint references any more.
 
         With ``background=True`` the call returns as soon as a snapshot of ``data`` is taken (hard
         links, no data copied) and the upload runs in a worker thread; later changes to the files
@@ -437,7 +461,7 @@ class Checkpoint(BaseCheckpoint):
         content = _validated(data)
         self._refuse_destination_inside(content)
         self._discard_earlier_uploads()
-        self._saves.save(content, background=background, progress=progress)
+        self._saves.save(content, background=background, progress=progress, incremental=incremental)
 
     def _refuse_destination_inside(self, content: bytes | Path) -> None:
         """Refuse a directory whose local destination lies inside it: every save would pack the
@@ -454,14 +478,48 @@ class Checkpoint(BaseCheckpoint):
             )
 
     async def save(
-        self, data: SaveData, *, background: bool = False, progress: ProgressCallback | None = None
+        self,
+        data: SaveData,
+        *,
+        background: bool = False,
+        progress: ProgressCallback | None = None,
+        incremental: bool = False,
     ) -> None:
         """Async :meth:`save_sync`: the work runs in a thread, so the event loop never stalls.
 
         If the awaiting task is cancelled, the save already under way still finishes (or fails)
         atomically in its thread; it is never left half-written.
         """
-        await asyncio.to_thread(self.save_sync, data, background=background, progress=progress)
+        await asyncio.to_thread(
+            self.save_sync, data, background=background, progress=progress, incremental=incremental
+        )
+
+    def collect_garbage_sync(self, *, grace: datetime.timedelta = DEFAULT_GRACE) -> CollectedGarbage:
+        """Remove the chunks of incremental saves that no live checkpoint references.
+
+        Live are this helper's destination, its restore source and the same checkpoint of the
+        attempts a load would walk back to (16 before each); chunks of a save still in progress
+        elsewhere and chunks younger than ``grace`` are kept too (the rule is explained in
+        :mod:`flyte_checkpoint.incremental.gc`). Waits for this helper's background saves first.
+        """
+        self.wait_sync()
+        run_name, action_name = self._attempt_names
+        # The source's manifests are read with the destination's store: a source elsewhere
+        # cannot share the destination's chunks anyway.
+        same_store = self._src is not None and scheme_of(self._src) == scheme_of(self._dest)
+        live = [self._dest] + ([self._src] if self._src and same_store else [])
+        candidates = [
+            candidate.uri
+            for uri in live
+            for candidate in attempt_uris(
+                uri, run_name=run_name, action_name=action_name, earlier=MAX_WALK_BACK
+            )
+        ]
+        return collect_garbage(self._dest_backend, self._chunk_store, dict.fromkeys(candidates), grace=grace)
+
+    async def collect_garbage(self, *, grace: datetime.timedelta = DEFAULT_GRACE) -> CollectedGarbage:
+        """Async :meth:`collect_garbage_sync`."""
+        return await asyncio.to_thread(self.collect_garbage_sync, grace=grace)
 
     def wait_sync(self) -> None:
         """Block until background saves are done; raise the failure of the newest that failed.

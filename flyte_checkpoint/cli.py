@@ -461,6 +461,7 @@ def _describe_kind(kind: str) -> str:
     return {
         "archive": "directory archive (.tar.gz)",
         "payload": "raw payload (restored as payload)",
+        "manifest": "incremental checkpoint manifest (its files are chunks stored beside it)",
         "empty": "empty object (means no checkpoint)",
     }[kind]
 

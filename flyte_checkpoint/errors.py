@@ -63,6 +63,10 @@ class ArchiveLimitError(UnsafeArchiveError):
     """An archive exceeds the configured extraction limits (total bytes or member count)."""
 
 
+class CheckpointChunkError(CheckpointCorruptError):
+    """A chunk an incremental checkpoint's manifest lists is missing or does not match its hash."""
+
+
 class CheckpointPartError(CheckpointError, RuntimeError):
     """One part of a multi-part checkpoint (or its controller) failed to be written, read or applied.
 

@@ -39,7 +39,7 @@ class ObjectReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     uri: str
-    kind: Literal["archive", "payload", "empty"]
+    kind: Literal["archive", "payload", "manifest", "empty"]
     size: int
     modified: datetime | None = None
     recorded_format: str | None = None
@@ -121,6 +121,8 @@ def _checks(info: ObjectInfo, kind: str, compressed: bool) -> dict[str, list[str
     if kind == "archive":
         checked += ["gzip CRC", "tar structure"] if compressed else ["tar structure"]
     not_checked = []
+    if kind == "manifest":
+        not_checked.append("the chunks the manifest lists (`get` fetches and checks each)")
     if info.recorded_digest is None:
         not_checked.append(
             f"content digest and size: none is recorded with the object ({_why_unrecorded(info)})"

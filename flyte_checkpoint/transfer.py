@@ -21,11 +21,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TypeVar, cast
+from typing import IO, Literal, TypeVar, cast
 
 from flyte_checkpoint import archive
 from flyte_checkpoint.archive import ExtractionLimits, ObjectKind
 from flyte_checkpoint.errors import CheckpointCorruptError, InputChangedError, add_context
+from flyte_checkpoint.incremental import (
+    MANIFEST_FORMAT,
+    ChunkStore,
+    IncrementalSave,
+    is_manifest_head,
+    restore_directory,
+    save_directory,
+)
 from flyte_checkpoint.progress import ProgressCallback, log_transfer, reporter
 from flyte_checkpoint.storage import FORMAT_KEY, Backend, ObjectInfo, ObjectWriter, VerifyingReader
 from flyte_checkpoint.storage.base import CONTENT_SIZE_KEY, COPY_CHUNK, CommitTurn, WriteGate
@@ -35,6 +43,9 @@ from flyte_checkpoint.storage.retry import RetryPolicy
 logger = logging.getLogger("flyte_checkpoint")
 
 T = TypeVar("T")
+
+StoredKind = ObjectKind | Literal["manifest"]
+"""What a checkpoint object holds: a directory archive, a payload, or an incremental manifest."""
 
 PAYLOAD_BASENAME = "payload"
 """The file name under the restore directory where a raw (non-archive) object is placed."""
@@ -56,7 +67,8 @@ class SaveRequest:
     the path that logs and errors name instead of ``content`` (the caller's own path when
     ``content`` is a private snapshot of it). ``commit_turn`` is entered just before the
     store's atomic commit step and held across it (a helper's :meth:`CommitOrder.turn`):
-    raising there discards the upload as well.
+    raising there discards the upload as well. With ``chunk_store`` a directory is saved
+    incrementally into it (:mod:`flyte_checkpoint.incremental`): its manifest is the object.
     """
 
     content: bytes | Path
@@ -66,6 +78,7 @@ class SaveRequest:
     check_unchanged: Callable[[], None] | None = None
     shown_as: Path | None = None
     commit_turn: CommitTurn | None = None
+    chunk_store: ChunkStore | None = None
 
     def describe(self) -> str:
         """``"bytes"``, or ``"file …"``/``"directory …"`` with the caller's path, for logs."""
@@ -111,6 +124,9 @@ def _save_once(backend: Backend, uri: str, request: SaveRequest) -> ObjectInfo:
     if isinstance(content, bytes):
         writer = backend.open_write_known(uri, {FORMAT_KEY: "payload"}, content, progress=progress, gate=gate)
         return _committed(writer, lambda: writer.write(content), check_unchanged, commit_turn)
+    if content.is_dir() and request.chunk_store is not None:
+        how = IncrementalSave(request.chunk_store, progress, gate, check_unchanged, commit_turn)
+        return save_directory(backend, uri, content, how)
     if content.is_dir():
         told = reporter(progress, None)
         # Known before the first byte: S3 takes an upload's metadata when it starts. Its OS
@@ -247,7 +263,7 @@ def load_object(
         read[:] = [reader.info.size]
         reset()
         try:
-            return _unpack(reader, dest, limits or ExtractionLimits())
+            return _unpack(backend, reader, dest, limits or ExtractionLimits())
         except BaseException:
             reset()
             raise
@@ -260,27 +276,35 @@ def load_object(
     return restored
 
 
-def classify(reader: VerifyingReader) -> tuple[ObjectKind, bool, IO[bytes]]:
+def classify(reader: VerifyingReader) -> tuple[StoredKind, bool, IO[bytes]]:
     """The object's kind, whether it is gzipped, and the stream to read it from (from byte 0).
+
+    ``"manifest"`` is an incremental checkpoint's manifest (:mod:`flyte_checkpoint.incremental`).
 
     The format recorded at save time wins; objects without a record (written by other tools)
     are recognised from their first bytes, as the reference SDK does.
     """
     recorded = reader.info.recorded_format
     stream = cast(IO[bytes], reader)
+    if recorded == MANIFEST_FORMAT:
+        return "manifest", False, stream
     if recorded == "archive":
         return "archive", True, stream
     if recorded == "payload":
         return "payload", False, stream
     head = reader.read(archive.SNIFF_BYTES)
-    kind, compressed = archive.sniff_kind(head)
-    return kind, compressed, cast(IO[bytes], io.BufferedReader(archive.PrefixedReader(head, stream)))
+    sniffed: tuple[StoredKind, bool] = (
+        ("manifest", False) if is_manifest_head(head) else archive.sniff_kind(head)
+    )
+    return *sniffed, cast(IO[bytes], io.BufferedReader(archive.PrefixedReader(head, stream)))
 
 
-def _unpack(reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Path:
+def _unpack(backend: Backend, reader: VerifyingReader, dest: Path, limits: ExtractionLimits) -> Path:
     kind, compressed, stream = classify(reader)
     restoring = f"restoring {reader.info.uri} into"
     try:
+        if kind == "manifest":
+            return restore_directory(backend, reader.info.uri, stream, dest, limits)
         if kind == "archive":
             with translated_os_errors(str(dest), restoring):
                 limits = limits.for_recorded(reader.info.recorded_content_size)

@@ -28,6 +28,7 @@ __all__ = [
     "local_path",
     "repair_prev_checkpoint_uri",
     "scheme_of",
+    "shared_by_attempts",
 ]
 
 LOCAL_SCHEMES = frozenset({"", "file", "local"})
@@ -314,6 +315,19 @@ def attempt_uris(
     for number in range(located.number - 1, max(lowest, located.number - earlier) - 1, -1):
         found.append(AttemptURI(number, _with_attempt(located, number, run_name, action_name)))
     return found
+
+
+def shared_by_attempts(uri: str, *, run_name: str | None, action_name: str | None) -> tuple[str, str] | None:
+    """``uri`` split into the directory every attempt of its action shares (``…/{run}/{action}/``)
+    and the checkpoint's path below its attempt directory without what names the attempt (a
+    Flyte shard and unique id); ``None`` outside the layouts of :func:`attempt_uris`."""
+    if not run_name or not action_name:
+        return None
+    located = _locate_attempt(uri, run_name, action_name)
+    if located is None or located.layout == "opaque":
+        return None
+    rest = located.rest if located.layout == "plain" else located.rest.split("/", 2)[2]
+    return located.head, rest
 
 
 def _with_attempt(located: _Located, number: int, run_name: str, action_name: str) -> str:

@@ -25,10 +25,10 @@ members without extracting; :mod:`.limits` holds the caps on what one extraction
 """
 
 from flyte_checkpoint.archive.compression import DEFAULT_COMPRESSION_LEVEL, HAVE_ISAL
-from flyte_checkpoint.archive.extract import unpack_archive
+from flyte_checkpoint.archive.extract import safe_file_mode, unpack_archive
 from flyte_checkpoint.archive.limits import ExtractionLimits
 from flyte_checkpoint.archive.listing import MemberInfo, MemberKind, list_members
-from flyte_checkpoint.archive.pack import check_tree, content_size, describe_mode, pack_directory
+from flyte_checkpoint.archive.pack import check_tree, content_size, describe_mode, pack_directory, walk_tree
 from flyte_checkpoint.archive.prefixed import PrefixedReader
 from flyte_checkpoint.archive.sniff import SNIFF_BYTES, ObjectKind, sniff_kind
 
@@ -46,6 +46,8 @@ __all__ = [
     "describe_mode",
     "list_members",
     "pack_directory",
+    "safe_file_mode",
     "sniff_kind",
     "unpack_archive",
+    "walk_tree",
 ]

@@ -212,7 +212,7 @@ class _Extractor:
             out.flush()
             if hole:
                 os.ftruncate(fd, entry.size)  # a file ending in a hole: seeking set no size
-            os.fchmod(fd, _file_mode(entry.mode))
+            os.fchmod(fd, safe_file_mode(entry.mode))
             os.utime(fd, (entry.mtime, entry.mtime))
         self.files.add(name)
 
@@ -257,7 +257,7 @@ class _Extractor:
         self.files.add(name)
 
 
-def _file_mode(mode: int) -> int:
+def safe_file_mode(mode: int) -> int:
     """PEP 706 ``data`` rules: drop setuid/setgid/sticky and group/other write; owner can read+write."""
     mode = (mode & 0o755) | 0o600
     if not mode & 0o100:

@@ -45,12 +45,7 @@ def pack_directory(
 def content_size(source: Path) -> int:
     """Bytes of file content a save of ``source`` packs (what its archive records), from one
     walk of ``stat`` calls; refuses what :func:`check_tree` refuses."""
-    root = os.path.realpath(source)
-    return sum(
-        status.st_size
-        for kind, _, _, status, _ in _walk(root, (str(Path(source).absolute()), root))
-        if kind == "file"
-    )
+    return sum(status.st_size for kind, _, _, status, _ in walk_tree(source) if kind == "file")
 
 
 def check_tree(source: Path) -> None:
@@ -59,12 +54,18 @@ def check_tree(source: Path) -> None:
     Raises :class:`InvalidCheckpointInputError` naming the first entry that could not be
     restored faithfully (a link leaving the tree, a socket, a FIFO, a device node).
     """
-    root = os.path.realpath(source)
-    for _ in _walk(root, (str(Path(source).absolute()), root)):
+    for _ in walk_tree(source):
         pass
 
 
 _Kind = Literal["file", "directory", "symlink"]
+
+
+def walk_tree(source: Path) -> Iterator[tuple[_Kind, str, str, os.stat_result, str]]:
+    """Every entry a save of ``source`` holds, in the archive's order: kind, path, name relative
+    to ``source``, lstat, stored link target; refuses what :func:`check_tree` refuses."""
+    root = os.path.realpath(source)
+    return _walk(root, (str(Path(source).absolute()), root))
 
 
 def _walk(root: str, alias: tuple[str, str]) -> Iterator[tuple[_Kind, str, str, os.stat_result, str]]:

@@ -40,6 +40,7 @@ from typing_extensions import override
 
 from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
+from flyte_checkpoint.integrations._mirror import DirectoryMirror
 from flyte_checkpoint.integrations._preemption import (
     OnPreemption,
     check_on_preemption,
@@ -96,9 +97,13 @@ class MirroredModelCheckpoint(ModelCheckpoint):
 
     After each of ``ModelCheckpoint``'s own checkpoint cycles (end of a training batch, a training
     epoch, validation, training, or an exception) that changed anything on disk under ``dirpath``,
-    the whole directory is saved as this attempt's checkpoint object (one ``.tar.gz``), so a retry
-    restores exactly the files Lightning wrote, top-k and ``last.ckpt`` alike. Only the global
-    rank 0 process uploads. Every other argument is ``ModelCheckpoint``'s.
+    the whole directory is saved as this attempt's checkpoint, so a retry restores exactly the
+    files Lightning wrote, top-k and ``last.ckpt`` alike. Only the global rank 0 process uploads.
+    With ``incremental=True`` (the default) a save uploads only the files no earlier save stored
+    and collects the chunks of checkpoints rotated out (the checkpoint is then a manifest that
+    flyte_checkpoint loads and the Flyte SDK cannot, see :mod:`flyte_checkpoint.incremental`);
+    ``incremental=False`` saves one ``.tar.gz`` each time. Every other argument is
+    ``ModelCheckpoint``'s.
 
     Saving uses ``save_sync``: Lightning's hooks are synchronous even inside an ``async def`` task.
 
@@ -133,11 +138,13 @@ class MirroredModelCheckpoint(ModelCheckpoint):
         *,
         dirpath: str | os.PathLike[str],
         on_preemption: OnPreemption = "raise",
+        incremental: bool = True,
         **kwargs: Any,
     ) -> None:
         local = _local_directory(dirpath)
         super().__init__(dirpath=str(local), **kwargs)
         self.checkpoint = checkpoint
+        self._mirror = DirectoryMirror(incremental=incremental)
         self.mirrored_directory = local
         self.on_preemption = check_on_preemption(on_preemption)
         self.preempted_at: int | None = None
@@ -153,7 +160,7 @@ class MirroredModelCheckpoint(ModelCheckpoint):
     def mirror(self) -> None:
         """Save the checkpoint directory now (blocking); a no-op while it does not exist yet."""
         if self.mirrored_directory.is_dir():
-            self.checkpoint.save_sync(self.mirrored_directory)
+            self._mirror.save(self.checkpoint, self.mirrored_directory)
 
     @override
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

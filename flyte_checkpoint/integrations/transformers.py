@@ -36,6 +36,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
+from flyte_checkpoint.integrations._mirror import DirectoryMirror
 from flyte_checkpoint.integrations._preemption import (
     OnPreemption,
     check_on_preemption,
@@ -55,9 +56,16 @@ class MirrorOutputDirCallback(TrainerCallback):
     """Save ``Trainer``'s output directory to ``checkpoint`` after every checkpoint it writes.
 
     ``on_save`` runs once the ``checkpoint-<step>`` folder is complete and old ones are rotated
-    out, so the saved object (one ``.tar.gz`` of the directory) always holds whole checkpoints.
-    Only the main process (``state.is_world_process_zero``) uploads. ``output_dir`` defaults to
+    out, so the saved checkpoint always holds whole checkpoints. Only the main process
+    (``state.is_world_process_zero``) uploads. ``output_dir`` defaults to
     ``TrainingArguments.output_dir``.
+
+    With ``incremental=True`` (the default) each save uploads only the files no earlier save
+    stored, so a save costs the new ``checkpoint-<step>``, not the whole directory, and the chunks
+    of checkpoints rotated out (``save_total_limit``) are collected; the checkpoint is then a
+    manifest that flyte_checkpoint loads and the Flyte SDK cannot (see
+    :mod:`flyte_checkpoint.incremental`).
+    ``incremental=False`` saves one ``.tar.gz`` of the directory each time.
 
     After a preemption notice, at the next step end, the callback asks ``Trainer`` for a
     checkpoint of that step (``control.should_save``, whatever the save strategy; no evaluation)
@@ -85,8 +93,10 @@ class MirrorOutputDirCallback(TrainerCallback):
         *,
         output_dir: str | os.PathLike[str] | None = None,
         on_preemption: OnPreemption = "raise",
+        incremental: bool = True,
     ) -> None:
         self.checkpoint = checkpoint
+        self._mirror = DirectoryMirror(incremental=incremental)
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.on_preemption = check_on_preemption(on_preemption)
         self.preempted_at: int | None = None
@@ -126,7 +136,7 @@ class MirrorOutputDirCallback(TrainerCallback):
             )
         step = self.preempted_at
         with preemption_save(step) if step is not None else nullcontext():
-            self.checkpoint.save_sync(Path(directory))
+            self._mirror.save(self.checkpoint, Path(directory))
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -28,6 +28,9 @@ class SaveJob:
     """``time.monotonic()`` when the caller asked for the save."""
     staged_at: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when its content was fixed (the snapshot taken) and the caller could go on."""
+    incremental: bool = False
+    """Whether a directory is saved into the destination's chunk store
+    (:mod:`flyte_checkpoint.incremental`)."""
 
     def times(self, background: bool) -> SaveTimes:
         """What this save cost, now that it committed."""

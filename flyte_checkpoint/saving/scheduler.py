@@ -23,6 +23,7 @@ from pathlib import Path
 
 from flyte_checkpoint import archive
 from flyte_checkpoint.errors import PreemptionDeadlineError
+from flyte_checkpoint.incremental import ChunkStore
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.saving.background import BackgroundSaver
@@ -47,6 +48,8 @@ class Destination:
     backend: Backend
     retry: RetryPolicy
     compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL
+    chunk_store: ChunkStore | None = None
+    """Where incremental saves of a directory put their chunks (``None``: no incremental saves)."""
 
 
 class SaveScheduler:
@@ -81,8 +84,16 @@ class SaveScheduler:
         """How many queued background saves a newer one replaced before they started."""
         return 0 if self._saver is None else self._saver.superseded
 
-    def save(self, content: bytes | Path, *, background: bool, progress: ProgressCallback | None) -> None:
-        """Save ``content`` (validated by the caller), now or in the background."""
+    def save(
+        self,
+        content: bytes | Path,
+        *,
+        background: bool,
+        progress: ProgressCallback | None,
+        incremental: bool = False,
+    ) -> None:
+        """Save ``content`` (validated by the caller), now or in the background; a directory
+        with ``incremental`` into the destination's chunk store."""
         uri = self._destination.uri
         asked_at = time.monotonic()
         if background:
@@ -91,7 +102,7 @@ class SaveScheduler:
             ticket = self._order.ticket()
             with saver.paused():
                 snapshot = take_snapshot(content, Path(tempfile.gettempdir()))
-            saver.submit(SaveJob(snapshot, ticket, progress, asked_at=asked_at))
+            saver.submit(SaveJob(snapshot, ticket, progress, asked_at=asked_at, incremental=incremental))
             return
         # After a notice the final save overtakes the background one in flight instead of waiting.
         overtaken = self._saver if notice.current_notice() is not None else None
@@ -103,7 +114,9 @@ class SaveScheduler:
             if overtaken is not None:
                 overtaken.release_hold()  # the older upload is now the one left to commit
             raise
-        job = SaveJob(Snapshot(content), self._order.ticket(), progress, asked_at=asked_at)
+        job = SaveJob(
+            Snapshot(content), self._order.ticket(), progress, asked_at=asked_at, incremental=incremental
+        )
         with overtaken.superseding() if overtaken is not None else contextlib.nullcontext():
             if notice.current_notice() is None:
                 self._upload(job, None)
@@ -166,6 +179,7 @@ class SaveScheduler:
             check_unchanged=snapshot.verify_unchanged,
             shown_as=snapshot.user_path,
             commit_turn=lambda: order.turn(ticket, destination.uri),
+            chunk_store=destination.chunk_store if job.incremental else None,
         )
         with notice.save_in_flight(), finish_by(notice.save_ceiling()):
             try:

@@ -103,6 +103,22 @@ def test_inspect_shows_a_payload_and_its_digest_check(tmp_path: Path) -> None:
     assert "yes, every check passed (crc32, size)" in result.stdout
 
 
+def test_an_incremental_checkpoint_is_described_verified_and_restored(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    with Checkpoint(str(tmp_path / "obj")) as checkpoint:
+        checkpoint.save_sync(model_dir, incremental=True)
+    inspected = cli("inspect", str(tmp_path / "obj"))
+    assert inspected.returncode == 0, inspected.stderr
+    assert "incremental checkpoint manifest" in inspected.stdout
+    verified = cli("verify", str(tmp_path / "obj"))
+    assert verified.returncode == 0, verified.stderr
+    assert "not checked: the chunks the manifest lists" in verified.stdout
+    got = cli("get", str(tmp_path / "obj"), str(tmp_path / "restored"))
+    assert got.returncode == 0, got.stderr
+    assert tree_of(tmp_path / "restored") == tree_of(model_dir)
+
+
 def test_verify_of_an_object_rewritten_by_another_tool_says_what_was_not_checked(tmp_path: Path) -> None:
     target = tmp_path / "obj"
     Checkpoint(str(target)).save_sync(b"ours, with a digest")

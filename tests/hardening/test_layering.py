@@ -24,6 +24,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "environment lockfiles progress running latest",
         "uris archive",
         "storage",
+        "incremental",
         "preemption transfer workspace",
         "resume saving inspection",
         "checkpoint",
