@@ -33,8 +33,7 @@ from flyte_checkpoint.storage.local import LocalBackend
 from flyte_checkpoint.storage.options import (
     STORES,
     TransferSettings,
-    accepted_anywhere,
-    check_names,
+    check_accepted_anywhere,
     validation_error,
 )
 from flyte_checkpoint.uris import check_supported, is_local, scheme_of
@@ -87,7 +86,7 @@ def check_local_options(options: StorageOptions) -> None:
     transfer settings: caught on the laptop, not first in production on S3."""
     if not options:
         return
-    check_names(options, accepted_anywhere(), "any store (local disk takes the options of every store)")
+    check_accepted_anywhere(options, "any store (local disk takes the options of every store)")
     try:
         TransferSettings.from_storage_options(options)
     except ValidationError as exc:
