@@ -59,21 +59,6 @@ clients = sorted({name.split(".")[0] for name in sys.modules} & {"s3fs", "gcsfs"
 print(json.dumps({"import_s": imported - started, "construct_s": constructed - imported,
                   "save_s": saved - constructed, "total_s": saved - started, "clients": clients}))
 """
-LOCAL = """
-import time
-started = time.perf_counter()
-import json, sys
-from flyte_checkpoint import Checkpoint
-imported = time.perf_counter()
-checkpoint = Checkpoint(sys.argv[1], storage_options={"fsync": True})
-constructed = time.perf_counter()
-checkpoint.save_sync(bytes(1024))
-saved = time.perf_counter()
-checkpoint.close()
-clients = sorted({name.split(".")[0] for name in sys.modules} & {"s3fs", "gcsfs", "adlfs"})
-print(json.dumps({"import_s": imported - started, "construct_s": constructed - imported,
-                  "save_s": saved - constructed, "total_s": saved - started, "clients": clients}))
-"""
 PLAIN = """
 import time
 started = time.perf_counter()
@@ -161,7 +146,8 @@ def measure_local(directory: Path, runs: int) -> dict[str, list[dict[str, Any]]]
     results: dict[str, list[dict[str, Any]]] = {"ours": [], "plain": []}
     for run in range(runs):
         name = uuid.uuid4().hex
-        results["ours"].append(run_program(LOCAL, [str(directory / f"{name}-ours")]))
+        options = json.dumps({"fsync": True})
+        results["ours"].append(run_program(OURS, [str(directory / f"{name}-ours"), options]))
         results["plain"].append(run_program(PLAIN, [str(directory / f"{name}-plain" / "payload")]))
         log(
             f"local run {run + 1}/{runs}: ours {results['ours'][-1]['total_s']:.3f} s, "
@@ -186,15 +172,21 @@ def summarise(results: dict[str, list[dict[str, Any]]], baseline: str = "boto3")
     return {"medians": medians, f"ratio_ours_to_{baseline}": ratios, "store_clients_imported": clients}
 
 
-def print_report(report: dict[str, Any]) -> None:
-    summary = report["summary"]
-    print(
-        f"Cold start on {report['server']}: fresh process, first {PAYLOAD_BYTES} B upload, "
-        f"median of {report['runs']} runs (load average {report['load_average']})"
-    )
+def print_medians(title: str, summary: dict[str, Any]) -> None:
+    """``title``, then one row of medians per kind of process."""
+    print(title)
     print(f"{'':8}" + "".join(f"{figure.removesuffix('_s'):>11}" for figure in FIGURES))
     for client, medians in summary["medians"].items():
         print(f"{client:8}" + "".join(f"{medians[figure]:>10.3f}s" for figure in FIGURES))
+
+
+def print_report(report: dict[str, Any]) -> None:
+    summary = report["summary"]
+    print_medians(
+        f"Cold start on {report['server']}: fresh process, first {PAYLOAD_BYTES} B upload, "
+        f"median of {report['runs']} runs (load average {report['load_average']})",
+        summary,
+    )
     ratios = summary["ratio_ours_to_boto3"]
     print(
         f"ours / boto3: {ratios['total_s']:.2f}x in-process (import to upload done), "
@@ -202,13 +194,11 @@ def print_report(report: dict[str, Any]) -> None:
     )
     print(f"store clients imported by our saving process: {', '.join(summary['store_clients_imported'])}")
     local = report["local"]
-    print(
+    print_medians(
         f"\nCold start on local disk (fsync on): fresh process, first {PAYLOAD_BYTES} B save, "
-        f"median of {report['runs']} runs"
+        f"median of {report['runs']} runs",
+        local,
     )
-    print(f"{'':8}" + "".join(f"{figure.removesuffix('_s'):>11}" for figure in FIGURES))
-    for client, medians in local["medians"].items():
-        print(f"{client:8}" + "".join(f"{medians[figure]:>10.3f}s" for figure in FIGURES))
     ratios = local["ratio_ours_to_plain"]
     print(
         f"ours / plain write: {ratios['total_s']:.1f}x in-process (import to save done), "
