@@ -13,6 +13,7 @@ from flyte_checkpoint.checkpoint import (
 )
 from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, current_checkpoint, task_context
 from flyte_checkpoint.errors import (
+    ArchiveIndexError,
     ArchiveLimitError,
     BackendNotInstalledError,
     CheckpointClosedError,
@@ -48,6 +49,7 @@ from flyte_checkpoint.runners import (
 )
 from flyte_checkpoint.saving import SaveTimes
 from flyte_checkpoint.storage import StorageOptions
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import PAYLOAD_BASENAME
 from flyte_checkpoint.uris import repair_prev_checkpoint_uri
@@ -58,6 +60,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CHECKPOINT_CACHE_KEY",
     "PAYLOAD_BASENAME",
+    "ArchiveIndexError",
     "ArchiveLimitError",
     "BackendNotInstalledError",
     "BaseCheckpoint",
@@ -87,6 +90,7 @@ __all__ = [
     "SaveTimes",
     "StorageOptions",
     "TaskContext",
+    "TransferSettings",
     "UnsafeArchiveError",
     "UnsupportedTypeError",
     "UnsupportedURIError",

@@ -35,6 +35,7 @@ from flyte_checkpoint.progress import human_size
 
 if TYPE_CHECKING:
     from flyte_checkpoint.inspection import ObjectReport
+    from flyte_checkpoint.storage.options import TransferSettings
 
 EXIT_OK = 0
 """Done: the object is sound (``verify``), restored, saved, listed, or the task returned."""
@@ -241,6 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="KEY=VALUE",
             help="an fsspec storage option (VALUE parsed as JSON when it is JSON); repeatable",
         )
+        sub.add_argument(
+            "--transfer",
+            "-t",
+            action="append",
+            type=_storage_option,
+            default=[],
+            metavar="KEY=VALUE",
+            help="a transfer setting of this package (part_size, max_concurrency, file_concurrency, "
+            "part_attempts, transfer_timeout, stale_upload_age, fsync; VALUE parsed as JSON when it "
+            "is JSON); repeatable",
+        )
         return sub
 
     inspect = command(
@@ -377,12 +389,24 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | None:
     return dict(args.storage_option) or None
 
 
+def _transfer(args: argparse.Namespace) -> TransferSettings | None:
+    """The ``--transfer`` settings; ``None`` when none were given (they may be storage options)."""
+    from flyte_checkpoint.storage.options import TransferSettings
+
+    given = dict(args.transfer)
+    return TransferSettings(**given) if given else None
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from flyte_checkpoint.inspection import inspect_object
 
     with _one_object(args), progress_bar("reading", args.quiet or args.json) as progress:
         report = inspect_object(
-            args.uri, storage_options=_options(args), verify=args.verify, progress=progress
+            args.uri,
+            storage_options=_options(args),
+            transfer=_transfer(args),
+            verify=args.verify,
+            progress=progress,
         )
     if args.json:
         print(report.model_dump_json(indent=2))
@@ -410,7 +434,7 @@ def _one_object(args: argparse.Namespace) -> Iterator[None]:
     try:
         yield
     except (CheckpointNotFoundError, CheckpointStorageError, UnsupportedURIError) as exc:
-        found = _multi_part_at(args.uri, _options(args))
+        found = _multi_part_at(args.uri, _options(args), _transfer(args))
         if found is None:
             raise
         raise InvalidCheckpointInputError(
@@ -419,14 +443,14 @@ def _one_object(args: argparse.Namespace) -> Iterator[None]:
         ) from exc
 
 
-def _multi_part_at(uri: str, options: dict[str, Any] | None) -> str | None:
+def _multi_part_at(uri: str, options: dict[str, Any] | None, transfer: TransferSettings | None) -> str | None:
     """What multi-part checkpoint is at ``uri``, in words; ``None`` if none (or it cannot tell)."""
     from flyte_checkpoint.state import CheckpointManager
 
     try:
-        if _is_state_root(uri, options):
+        if _is_state_root(uri, options, transfer):
             return "a multi-part checkpoint (a StateCheckpoint, or one step of a CheckpointManager)"
-        if CheckpointManager(uri, storage_options=options).steps():
+        if CheckpointManager(uri, storage_options=options, transfer=transfer).steps():
             return "the root of a CheckpointManager's steps"
     except Exception as exc:  # cannot tell: the error of the read stands
         logging.getLogger("flyte_checkpoint").debug("could not tell what is at %s: %r", uri, exc)
@@ -445,7 +469,9 @@ def _verify(args: argparse.Namespace) -> int:
     from flyte_checkpoint.inspection import inspect_object
 
     with _one_object(args), progress_bar("verifying", args.quiet or args.json) as progress:
-        report = inspect_object(args.uri, storage_options=_options(args), verify=True, progress=progress)
+        report = inspect_object(
+            args.uri, storage_options=_options(args), transfer=_transfer(args), verify=True, progress=progress
+        )
     if report.kind == "empty":
         raise CheckpointNotFoundError(f"{args.uri} is empty, which means no checkpoint")
     if args.json:
@@ -479,6 +505,7 @@ def _get(args: argparse.Namespace) -> int:
             args.uri,
             Path(args.directory),
             storage_options=_options(args),
+            transfer=_transfer(args),
             force=args.force,
             progress=progress,
         )
@@ -492,7 +519,7 @@ def _get(args: argparse.Namespace) -> int:
 def _put(args: argparse.Namespace) -> int:
     from flyte_checkpoint.checkpoint import Checkpoint
 
-    options: dict[str, Any] = {"storage_options": _options(args)}
+    options: dict[str, Any] = {"storage_options": _options(args), "transfer": _transfer(args)}
     if args.level is not None:
         options["compression_level"] = args.level
     estimate = _tree_size(Path(args.path)) if os.path.isdir(args.path) else None
@@ -523,10 +550,12 @@ def _tree_size(root: Path) -> int | None:
 def _ls(args: argparse.Namespace) -> int:
     from flyte_checkpoint.state import CheckpointManager
 
-    steps = CheckpointManager(args.root, storage_options=_options(args)).describe_steps()
+    steps = CheckpointManager(
+        args.root, storage_options=_options(args), transfer=_transfer(args)
+    ).describe_steps()
     if not steps:
         _check_root_exists(args)
-        if _is_state_root(args.root, _options(args)):
+        if _is_state_root(args.root, _options(args), _transfer(args)):
             return _ls_state_root(args)
     if args.json:
         print(json.dumps([step.model_dump(mode="json") for step in steps], indent=2))
@@ -542,13 +571,13 @@ def _ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _is_state_root(uri: str, options: dict[str, Any] | None) -> bool:
+def _is_state_root(uri: str, options: dict[str, Any] | None, transfer: TransferSettings | None) -> bool:
     """Whether ``uri`` is one multi-part checkpoint (its commit pointer, or versions, are there)."""
     from flyte_checkpoint.state.layout import POINTER_NAME, VERSIONS_DIR
     from flyte_checkpoint.storage import backend_for
 
     root = uri.rstrip("/")
-    backend = backend_for(root, options)
+    backend = backend_for(root, options, transfer=transfer)
     return backend.info(f"{root}/{POINTER_NAME}") is not None or bool(
         backend.list_prefix(f"{root}/{VERSIONS_DIR}")
     )
@@ -570,7 +599,7 @@ def _check_root_exists(args: argparse.Namespace) -> None:
                 f"{args.root} is a file, not a root of steps; `flyte-checkpoint inspect {args.root}` "
                 "describes one checkpoint object"
             )
-    elif backend_for(root, _options(args)).list_prefix(root):
+    elif backend_for(root, _options(args), transfer=_transfer(args)).list_prefix(root):
         return
     raise CheckpointNotFoundError(
         f"nothing at {args.root}: no steps and no multi-part checkpoint; check the root's spelling"
@@ -581,7 +610,7 @@ def _ls_state_root(args: argparse.Namespace) -> int:
     """Describe a :class:`~flyte_checkpoint.state.StateCheckpoint` root: its committed version."""
     from flyte_checkpoint.state import StateCheckpoint
 
-    manifest = StateCheckpoint(args.root, storage_options=_options(args)).manifest()
+    manifest = StateCheckpoint(args.root, storage_options=_options(args), transfer=_transfer(args)).manifest()
     records = [*manifest.parts, *([manifest.controller] if manifest.controller else [])]
     size = sum(record.size for record in records)
     summary = {
@@ -632,6 +661,7 @@ def _run(args: argparse.Namespace) -> int:
             run_name=args.run_name,
             action_name=args.action_name,
             storage_options=_options(args),
+            transfer=_transfer(args),
             grace_seconds=args.grace_seconds,
         )
     except Preempted as preempted:

@@ -45,6 +45,11 @@ class CheckpointCorruptError(CheckpointError, ValueError):
     """A stored checkpoint is damaged: truncated, altered, or not in the format it claims."""
 
 
+class ArchiveIndexError(CheckpointCorruptError):
+    """An indexed archive's members or index disagree with each other or with its content:
+    it was truncated, altered or damaged after this package wrote it."""
+
+
 class UnsafeArchiveError(CheckpointCorruptError):
     """An archive tried to write outside the workspace, or holds a forbidden member type."""
 

@@ -29,7 +29,8 @@ from flyte_checkpoint.archive.extract import unpack_archive
 from flyte_checkpoint.archive.limits import ExtractionLimits
 from flyte_checkpoint.archive.listing import MemberInfo, MemberKind, list_members
 from flyte_checkpoint.archive.pack import check_tree, content_size, describe_mode, pack_directory
-from flyte_checkpoint.archive.sniff import SNIFF_BYTES, ObjectKind, PrefixedReader, sniff_kind
+from flyte_checkpoint.archive.prefixed import PrefixedReader
+from flyte_checkpoint.archive.sniff import SNIFF_BYTES, ObjectKind, sniff_kind
 
 __all__ = [
     "DEFAULT_COMPRESSION_LEVEL",

@@ -1,35 +1,45 @@
-"""Gzip streams for archives: python-isal's threaded igzip where installed, else the standard library."""
+"""Gzip streams for archives: written as indexed gzip members, read in parallel where indexed.
+
+Archives are written by :mod:`.member_writer` (independent gzip members, each deflated or
+stored as its content deserves, on several threads) and read by :mod:`.member_reader` when they
+carry this package's index, else (older objects, other tools' archives) by one streaming
+inflater: python-isal's where installed, else the standard library's.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import io
+import os
 import tarfile
 import zlib
 from collections.abc import Iterator
 from typing import IO, Any, cast
 
-from flyte_checkpoint.archive import threaded_gzip
-from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointError
+from flyte_checkpoint.archive import members
+from flyte_checkpoint.archive.member_reader import IndexedReader
+from flyte_checkpoint.archive.member_writer import MemberWriter
+from flyte_checkpoint.archive.prefixed import PrefixedReader
+from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointError, ConfigurationError
 
 _isal_gzip: Any
-_isal_igzip: Any
 try:  # python-isal's igzip is 5-10x faster than zlib; fall back to the standard library.
-    from isal import igzip as _isal_igzip
     from isal import igzip_threaded as _isal_gzip
     from isal.isal_zlib import error as _isal_error
 
     _ISAL_ERRORS: tuple[type[BaseException], ...] = (cast(type[BaseException], _isal_error),)
 except ImportError:  # pragma: no cover - exercised only where isal has no wheel
-    _isal_gzip = _isal_igzip = None
+    _isal_gzip = None
     _ISAL_ERRORS = ()
 
 HAVE_ISAL = _isal_gzip is not None
-_THREADED_SAFE = HAVE_ISAL and threaded_gzip.supports(_isal_gzip)
-"""Whether the threaded writer can be finished and abandoned without unbounded waits."""
 
 DEFAULT_COMPRESSION_LEVEL = 1
 CHUNK = 1 << 20
+THREADS_ENV = "FLYTE_CHECKPOINT_COMPRESSION_THREADS"
+"""Threads that deflate a save and inflate a load (default: the cores this process may use)."""
+_MAX_THREADS = 1024
 # Errors that mean "the bytes are not a valid archive", as opposed to failures of the stream.
 FORMAT_ERRORS: tuple[type[BaseException], ...] = (
     tarfile.TarError,
@@ -40,38 +50,58 @@ FORMAT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-@contextlib.contextmanager
-def gzip_writer(sink: IO[bytes], level: int) -> Iterator[IO[bytes]]:
-    """A gzip stream over ``sink``; ``level`` 0 stores, 1 is fastest, 9 compresses most.
+def compression_threads(threads: int | None = None) -> int:
+    """``threads`` checked, or when ``None`` the setting :data:`THREADS_ENV`, or else the cores
+    this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` where that is missing).
 
-    With python-isal installed, levels 1-9 use its threaded igzip (compression runs beside the
-    caller's reads); level 0 and the fallback use the standard library. An exception inside the
-    block (an interrupt too) abandons the stream within :data:`~.threaded_gzip.ABANDON_SECONDS`:
-    nothing more reaches ``sink`` and no trailer is written.
+    Raises :class:`ConfigurationError` for a value that is not a whole number from 1 to 1024.
+    """
+    source = "compression threads"
+    if threads is None:
+        raw = os.environ.get(THREADS_ENV, "").strip()
+        if not raw:
+            return _usable_cores()
+        source = f"{THREADS_ENV}={raw!r}"
+        try:
+            threads = int(raw)
+        except ValueError:
+            threads = 0
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= _MAX_THREADS:
+        raise ConfigurationError(
+            f"{source} must be a whole number from 1 to {_MAX_THREADS}, got {threads!r}; "
+            f"fix it, or unset {THREADS_ENV} to use every core this process may run on"
+        )
+    return threads
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def gzip_writer(sink: IO[bytes], level: int, threads: int | None = None) -> Iterator[IO[bytes]]:
+    """An indexed gzip stream over ``sink``; ``level`` 0 stores, 1 is fastest, 9 compresses most.
+
+    It inflates to what was written followed by :data:`~.members.TAIL_CONTENT` zero bytes (the
+    padding a tar reader skips after the end of an archive).
+
+    Blocks that deflate would barely shrink are stored whatever the level (see
+    :mod:`.members`). ``threads`` encode (default :func:`compression_threads`). An exception
+    inside the block (an interrupt too) abandons the stream: nothing more reaches ``sink`` and
+    it does not end on a whole gzip member.
     """
     if not 0 <= level <= 9:
         raise ValueError(f"compression level must be 0 (store) to 9, got {level}")
-    if level and _isal_gzip is not None:
-        # ISA-L knows levels 0-3; spread zlib's 1-9 over them.
-        # threads=2: compression on one thread, hashing and writing the output on another; the
-        # benchmark measured directory saves 25% faster with a core free, no slower without.
-        isal_level = (level + 2) // 3
-        if _THREADED_SAFE:
-            threaded = _isal_gzip.open(sink, "wb", compresslevel=isal_level, threads=2)
-            try:
-                yield threaded
-            except BaseException:  # an interrupt too: never wait on the workers' queues
-                threaded_gzip.abandon(threaded)
-                raise
-            threaded_gzip.finish(threaded)
-            return
-        writer = cast(IO[bytes], _isal_igzip.IGzipFile(fileobj=sink, mode="wb", compresslevel=isal_level))
-    else:
-        writer = cast(IO[bytes], gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=level, mtime=0))
+    writer = MemberWriter(sink, level, compression_threads(threads))
     try:
-        yield writer
-    finally:
-        writer.close()
+        yield cast(IO[bytes], writer)
+    except BaseException:
+        writer.abandon()
+        raise
+    writer.close()
 
 
 @contextlib.contextmanager
@@ -89,18 +119,34 @@ def gzip_reader(source: IO[bytes]) -> Iterator[IO[bytes]]:
 
 
 @contextlib.contextmanager
-def tar_stream(source: IO[bytes], *, compressed: bool) -> Iterator[IO[bytes]]:
+def tar_stream(source: IO[bytes], *, compressed: bool, threads: int | None = None) -> Iterator[IO[bytes]]:
     """The plain tar bytes of ``source``, read to its very end on success (so the gzip CRC and
-    length are checked after the last member); a malformed stream is :class:`CheckpointCorruptError`."""
+    length, or the index, are checked after the last member); a malformed stream is
+    :class:`CheckpointCorruptError`. An indexed archive is inflated on ``threads`` threads
+    (default :func:`compression_threads`), any other gzip stream on one."""
     try:
         with contextlib.ExitStack() as stack:
-            plain = stack.enter_context(gzip_reader(source)) if compressed else source
+            plain = stack.enter_context(_decompressed(source, threads)) if compressed else source
             yield plain
             drain(plain)
     except CheckpointError:
         raise
     except FORMAT_ERRORS as exc:
         raise CheckpointCorruptError(f"damaged archive: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _decompressed(source: IO[bytes], threads: int | None) -> Iterator[IO[bytes]]:
+    head = b""
+    while len(head) < members.HEADER_PREFIX and (more := source.read(members.HEADER_PREFIX - len(head))):
+        head += more
+    if members.is_indexed(head):
+        with IndexedReader(source, head, compression_threads(threads)) as indexed:
+            yield cast(IO[bytes], indexed)  # its read() hands over whole blocks: no buffer needed
+        return
+    from_start = cast(IO[bytes], io.BufferedReader(PrefixedReader(head, source)))
+    with gzip_reader(from_start) as reader:
+        yield reader
 
 
 def drain(stream: IO[bytes]) -> None:

@@ -22,6 +22,7 @@ def unpack_archive(
     *,
     compressed: bool = True,
     limits: ExtractionLimits | None = None,
+    threads: int | None = None,
 ) -> None:
     """Extract the tar stream ``source`` (gzipped when ``compressed``) into the directory ``dest``.
 
@@ -29,13 +30,15 @@ def unpack_archive(
     member. Raises :class:`CheckpointCorruptError` for a damaged stream (including one that ends
     before its end-of-archive block), :class:`UnsafeArchiveError` for a member that would leave
     ``dest`` or may not be restored, and :class:`ArchiveLimitError` past ``limits``; on error,
-    what was extracted so far stays in ``dest`` for the caller to remove.
+    what was extracted so far stays in ``dest`` for the caller to remove. An archive this
+    package wrote is inflated on ``threads`` threads (default:
+    :func:`~.compression.compression_threads`), with the same checks.
     """
     limits = limits or ExtractionLimits()
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(os.path.realpath(dest))
     counted = CountingReader(source)
-    with tar_stream(cast(IO[bytes], counted), compressed=compressed) as plain:
+    with tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads) as plain:
         _Extractor(root, limits, counted if compressed else None).run(plain)
 
 

@@ -15,7 +15,9 @@ from flyte_checkpoint.errors import InvalidCheckpointInputError
 from flyte_checkpoint.lockfiles import SNAPSHOT_PREFIX, is_snapshot_scratch
 
 
-def pack_directory(source: Path, sink: IO[bytes], *, level: int = DEFAULT_COMPRESSION_LEVEL) -> None:
+def pack_directory(
+    source: Path, sink: IO[bytes], *, level: int = DEFAULT_COMPRESSION_LEVEL, threads: int | None = None
+) -> None:
     """Write ``source``'s immediate children, recursively, as a ``.tar.gz`` stream into ``sink``.
 
     Symbolic links that stay inside ``source`` are stored as links (absolute targets made
@@ -24,10 +26,11 @@ def pack_directory(source: Path, sink: IO[bytes], *, level: int = DEFAULT_COMPRE
     because the archive could not be restored faithfully. The tree is walked once, as it is
     written, keeping nothing per file: a refusal mid-way leaves a partial stream in ``sink``,
     which the caller's atomic writer then discards (see :func:`check_tree` to refuse up front).
+    ``threads`` compress (default: :func:`~.compression.compression_threads`).
     """
     root = os.path.realpath(source)
     alias = (str(Path(source).absolute()), root)
-    with gzip_writer(sink, level) as compressed:
+    with gzip_writer(sink, level, threads) as compressed:
         tar = TarWriter(compressed)
         for kind, path, arcname, status, link in _walk(root, alias):
             if kind == "file":

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import zlib
-from typing import IO, Literal
+from typing import Literal
 
 from flyte_checkpoint.archive.tar_headers import TAR_BLOCK, ZERO_BLOCK, is_header
 
@@ -48,25 +47,3 @@ def _looks_like_tar(head: bytes) -> bool:
         # An empty archive is two zero blocks; a directory with no children saves as one.
         return head[: 2 * TAR_BLOCK] == bytes(2 * TAR_BLOCK)
     return is_header(block)
-
-
-class PrefixedReader(io.RawIOBase):
-    """A readable stream that yields ``head`` and then the rest of ``rest``."""
-
-    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
-        self._head = memoryview(head)
-        self._rest = rest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        view = memoryview(buffer).cast("B")
-        if self._head.nbytes:
-            count = min(len(view), self._head.nbytes)
-            view[:count] = self._head[:count]
-            self._head = self._head[count:]
-            return count
-        data = self._rest.read(len(view))
-        view[: len(data)] = data
-        return len(data)

@@ -1,0 +1,166 @@
+"""Reading an indexed ``.tar.gz``: members inflated on a pool of threads, read back in order.
+
+The caller's thread reads the object as a stream (so the store's digest still covers every
+byte), splits it into members by the lengths their headers declare, hands each data member to
+the pool and returns the inflated blocks in order, at most ``threads + 1`` members ahead. The
+extraction that consumes the blocks is the same as the streaming path's, with every safety
+check it makes.
+
+Nothing in the object is trusted: each member must inflate to exactly the size it declares,
+with its CRC-32; the index members and the tail must agree with the data members actually read
+(count, each length, the total, where the index starts), and nothing may follow the tail. A
+disagreement raises :class:`~flyte_checkpoint.errors.ArchiveIndexError` naming it; a stream that
+stops early raises :class:`~flyte_checkpoint.errors.CheckpointCorruptError`.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO
+
+from flyte_checkpoint.archive import members
+from flyte_checkpoint.errors import ArchiveIndexError, CheckpointCorruptError
+
+THREAD_PREFIX = "flyte-checkpoint-gunzip"
+
+
+class IndexedReader(io.RawIOBase):
+    """The content of the indexed archive ``source``, whose first bytes ``head`` were read already."""
+
+    def __init__(self, source: IO[bytes], head: bytes, threads: int) -> None:
+        self._source = source
+        self._head = head
+        self._offset = 0
+        self._pool = (
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX) if threads > 1 else None
+        )
+        self._ahead = threads + 1
+        self._pending: deque[Future[bytes] | bytes] = deque()
+        self._block = b""
+        self._position = 0
+        self._seen: list[tuple[int, int]] = []
+        self._listed: list[tuple[int, int]] = []
+        self._index_offset: int | None = None
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(memoryview(buffer).cast("B")))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (a whole decoded block without copying it when it fits)."""
+        while self._position >= len(self._block):
+            self._fill()
+            if not self._pending:
+                return b""
+            item = self._pending.popleft()
+            self._block = item.result() if isinstance(item, Future) else item
+            self._position = 0
+        start = self._position
+        if size is None or size < 0 or start + size >= len(self._block):
+            self._position = len(self._block)
+            return self._block if start == 0 else self._block[start:]
+        self._position += size
+        return self._block[start : start + size]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()
+        super().close()
+
+    def _fill(self) -> None:
+        while not self._done and len(self._pending) < self._ahead:
+            self._next_member()
+
+    def _read(self, size: int) -> bytes:
+        """Up to ``size`` bytes, fewer only at the end of the object."""
+        parts = []
+        if self._head:
+            parts.append(self._head[:size])
+            self._head = self._head[size:]
+            size -= len(parts[0])
+        while size > 0 and (data := self._source.read(size)):
+            parts.append(data)
+            size -= len(data)
+        data = b"".join(parts)
+        self._offset += len(data)
+        return data
+
+    def _read_exact(self, size: int, what: str) -> bytes:
+        data = self._read(size)
+        if len(data) < size:
+            raise CheckpointCorruptError(
+                f"damaged archive: it ends at byte {self._offset}, inside {what}: the object is truncated"
+            )
+        return data
+
+    def _next_member(self) -> None:
+        start = self._offset
+        head = self._read(members.HEADER_PREFIX)
+        if not head:
+            raise CheckpointCorruptError(
+                f"damaged archive: it ends at byte {start} after {len(self._seen)} data members, "
+                "before the end of its index: the object is truncated"
+            )
+        if len(head) < members.HEADER_PREFIX:
+            raise CheckpointCorruptError(
+                f"damaged archive: it ends at byte {self._offset}, inside a member header: the "
+                "object is truncated"
+            )
+        frame = members.frame(head, start)
+        rest = self._read_exact(frame.length - len(head), f"the member that starts at byte {start}")
+        if frame.kind == members.KIND_DATA:
+            self._data(rest, start, frame)
+            return
+        member = head + rest
+        members.check_fixed(member, start, frame)
+        if frame.kind == members.KIND_INDEX:
+            if self._index_offset is None:
+                self._index_offset = start
+            self._listed.extend(members.decode_index(member, start))
+        else:
+            self._tail(member, start)
+            self._pending.append(bytes(members.TAIL_CONTENT))
+
+    def _data(self, rest: bytes, start: int, frame: members.Frame) -> None:
+        if self._index_offset is not None:
+            raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
+        self._seen.append((frame.length, members.declared_size(rest)))
+        if self._pool is None or members.is_stored(rest, frame):
+            self._pending.append(members.decode_data(rest, start, frame))
+        else:
+            self._pending.append(self._pool.submit(members.decode_data, rest, start, frame))
+
+    def _tail(self, member: bytes, start: int) -> None:
+        index_offset, count, total = members.decode_tail(member)
+        found = start if self._index_offset is None else self._index_offset
+        problem = None
+        if index_offset != found:
+            problem = f"its tail says the index starts at byte {index_offset}, it starts at {found}"
+        elif not count == len(self._listed) == len(self._seen):
+            problem = (
+                f"its tail counts {count} data members and its index lists {len(self._listed)}, "
+                f"but it holds {len(self._seen)}"
+            )
+        elif total != (unpacked := sum(size for _, size in self._seen)):
+            problem = f"its tail says it unpacks to {total} bytes, its members to {unpacked}"
+        else:
+            for number, (listed, seen) in enumerate(zip(self._listed, self._seen, strict=True)):
+                if listed != seen:
+                    problem = (
+                        f"its index lists data member {number} as {listed[0]} bytes unpacking to "
+                        f"{listed[1]}, but it is {seen[0]} bytes unpacking to {seen[1]}"
+                    )
+                    break
+        if problem is None and self._read(1):
+            problem = f"bytes follow its tail member (at byte {self._offset - 1})"
+        if problem is not None:
+            raise ArchiveIndexError(f"damaged archive: {problem}")
+        self._done = True

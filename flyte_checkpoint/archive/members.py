@@ -1,0 +1,315 @@
+"""The indexed gzip layout: a ``.tar.gz`` written as independent gzip members, plus an index.
+
+Every gzip reader (``gzip -d``, ``tar -xzf``, :mod:`gzip`, flyte-sdk) reads concatenated gzip
+members as one stream, so an archive cut into members is still one ordinary ``.tar.gz``. This
+package writes one member per :data:`BLOCK` bytes of tar stream (as BGZF and pigz do), which
+lets a load inflate members on several cores at once, and lets a save store a block that
+deflate would not shrink as *stored* deflate blocks (a copy and a CRC) instead of paying a core
+for a few percent.
+
+Each member carries, in a gzip extra field (``FEXTRA``, subfield ``FC``), this layout's version,
+what the member is and its own length, so a reader can split the stream into members without
+inflating it. After the data members come *index* members (no content; the extra field lists
+every data member's compressed and uncompressed size) and a fixed-size *tail* member that says
+where the index starts: a ranged reader finds the index from the object's last
+:data:`TAIL_SIZE` bytes. Plain gzip readers inflate the index members to nothing and the tail
+to one tar block of zeros, which tar readers take as padding after the end of the archive.
+
+This module is sans-I/O: it encodes and decodes members held in memory.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from flyte_checkpoint.errors import ArchiveIndexError
+
+_isal_zlib: Any
+try:  # python-isal deflates 5-10x faster than zlib, outside the GIL.
+    from isal import isal_zlib as _isal_zlib
+except ImportError:  # pragma: no cover - exercised only where isal has no wheel
+    _isal_zlib = None
+
+_INFLATE_ERRORS: tuple[type[BaseException], ...] = (
+    (zlib.error,) if _isal_zlib is None else (zlib.error, _isal_zlib.error)
+)
+
+VERSION = 1
+"""The layout version written; members of a newer version are read by the streaming path."""
+BLOCK = 1 << 20
+"""Bytes of tar stream per data member (the last may be shorter)."""
+SAMPLE = 16 * 1024
+"""Bytes of each window a block's compressibility is judged by (three per block)."""
+STORE_ABOVE = 0.90
+"""A block whose samples deflate to more than this fraction of their size is stored as is."""
+
+Parts = list[bytes | memoryview]
+"""A member as the parts it is written in, in order."""
+
+KIND_DATA, KIND_INDEX, KIND_TAIL = 0, 1, 2
+_KINDS = {KIND_DATA: "data", KIND_INDEX: "index", KIND_TAIL: "tail"}
+_SUBFIELD_ID = b"FC"
+_GZIP_FIXED = struct.Struct("<2sBBIBBH")  # magic, method, flags, mtime, xfl, os, xlen
+_GZIP_MAGIC = b"\x1f\x8b"
+_FEXTRA = 0x04
+_SUBFIELD = struct.Struct("<2sH")
+_COMMON = struct.Struct("<BBI")  # version, kind, member length
+_DATA = struct.Struct("<I")  # uncompressed length
+_INDEX_HEAD = struct.Struct("<I")  # entries in this index member
+_ENTRY = struct.Struct("<II")  # compressed (member) length, uncompressed length
+_TAIL = struct.Struct("<QQQ")  # offset of the first index member, data members, uncompressed bytes
+_TRAILER = struct.Struct("<II")  # CRC-32, uncompressed length mod 2**32
+_EMPTY_DEFLATE = b"\x03\x00"  # one final fixed-Huffman block holding nothing
+_STORED_MAX = 0xFFFF
+HEADER_PREFIX = _GZIP_FIXED.size + _SUBFIELD.size + _COMMON.size
+"""Bytes from a member's start through its length field: enough to frame it."""
+INDEX_ENTRIES = (0xFFFF - _SUBFIELD.size - _COMMON.size - _INDEX_HEAD.size) // _ENTRY.size
+"""The most data members one index member lists (an extra field holds at most 64 KiB)."""
+
+
+def _header(kind: int, extra: bytes, body_length: int) -> bytes:
+    """The gzip header of a member whose deflate data and trailer take ``body_length`` bytes."""
+    payload_length = _COMMON.size + len(extra)
+    header_length = _GZIP_FIXED.size + _SUBFIELD.size + payload_length
+    return b"".join(
+        (
+            _GZIP_FIXED.pack(_GZIP_MAGIC, 8, _FEXTRA, 0, 0, 255, _SUBFIELD.size + payload_length),
+            _SUBFIELD.pack(_SUBFIELD_ID, payload_length),
+            _COMMON.pack(VERSION, kind, header_length + body_length),
+            extra,
+        )
+    )
+
+
+def _stored(block: bytes | memoryview) -> Parts:
+    """``block`` as stored deflate blocks (no compression), the last one final."""
+    view = memoryview(block)
+    parts: Parts = []
+    for start in range(0, max(len(view), 1), _STORED_MAX):
+        chunk = view[start : start + _STORED_MAX]
+        final = start + _STORED_MAX >= len(view)
+        parts.append(struct.pack("<BHH", final, len(chunk), len(chunk) ^ 0xFFFF))
+        parts.append(chunk)
+    return parts
+
+
+_compressors = threading.local()
+
+
+def _isal_level(level: int) -> int:
+    """ISA-L knows levels 0-3: zlib's 1-9 are spread over 1-3 (its 0 is not a stored level)."""
+    return (level + 2) // 3
+
+
+def _deflate(block: bytes, level: int) -> tuple[bytes, int]:
+    """Raw deflate of ``block`` ending in a final block, and its CRC-32; releases the GIL."""
+    if _isal_zlib is None:
+        return _zlib_deflate(block, level), zlib.crc32(block)
+    isal_level = _isal_level(level)
+    cache: dict[int, Any] = _compressors.__dict__.setdefault("by_level", {})
+    compressor = cache.get(isal_level)
+    if compressor is None:
+        size = BLOCK + BLOCK // 10 + 500
+        compressor = cache[isal_level] = _isal_zlib._ParallelCompress(buffersize=size, level=isal_level)
+    deflated, crc = compressor.compress_and_crc(block, b"")
+    return deflated + _EMPTY_DEFLATE, crc  # its output ends in a sync flush, not a final block
+
+
+def _zlib_deflate(data: bytes, level: int) -> bytes:
+    deflater = zlib.compressobj(level, zlib.DEFLATED, -15)
+    return deflater.compress(data) + deflater.flush()
+
+
+def _crc32(data: bytes | memoryview) -> int:
+    return int(_isal_zlib.crc32(data)) if _isal_zlib is not None else zlib.crc32(data)
+
+
+def worth_compressing(block: bytes, level: int) -> bool:
+    """Whether deflate at ``level`` shrinks ``block`` by more than ``1 - STORE_ABOVE``, judged
+    from three windows (start, middle, end): weights and already-compressed files are not."""
+    if level == 0:
+        return False
+    if len(block) <= 3 * SAMPLE:
+        windows = [block]
+    else:
+        middle = (len(block) - SAMPLE) // 2
+        windows = [block[:SAMPLE], block[middle : middle + SAMPLE], block[-SAMPLE:]]
+    if _isal_zlib is not None:
+        deflated = sum(len(_isal_zlib.compress(w, _isal_level(level), wbits=-15)) for w in windows)
+    else:
+        deflated = sum(len(_zlib_deflate(w, level)) for w in windows)
+    return deflated < STORE_ABOVE * sum(len(w) for w in windows)
+
+
+def encode_data(block: bytes, level: int) -> Parts:
+    """One data member holding ``block`` (at most :data:`BLOCK` bytes), in parts to be written in
+    order (a stored block's parts are views of ``block``: no copy); the last part is the 8-byte
+    trailer. Deflated at ``level`` when that is worth it (:func:`worth_compressing`), else stored."""
+    body: Parts
+    if worth_compressing(block, level):
+        deflated, crc = _deflate(block, level)
+        body = [deflated]
+    else:
+        body, crc = _stored(block), _crc32(block)
+    trailer = _TRAILER.pack(crc, len(block) & 0xFFFFFFFF)
+    body_length = sum(len(part) for part in body) + len(trailer)
+    return [_header(KIND_DATA, _DATA.pack(len(block)), body_length), *body, trailer]
+
+
+def _fixed_body(kind: int) -> bytes:
+    """The deflate data and trailer of an index or tail member: an index member holds nothing;
+    the tail holds one tar block of zeros (read as padding after the end-of-archive blocks),
+    so that the object never ends in zero bytes a crash or a zero-filled range could leave."""
+    if kind == KIND_INDEX:
+        return _EMPTY_DEFLATE + _TRAILER.pack(0, 0)
+    content = bytes(TAIL_CONTENT)
+    return b"".join((*_stored(content), _TRAILER.pack(_crc32(content), len(content))))
+
+
+TAIL_CONTENT = 512
+"""Bytes of zeros the tail member holds."""
+
+
+def _empty_member(kind: int, extra: bytes) -> bytes:
+    body = _fixed_body(kind)
+    return _header(kind, extra, len(body)) + body
+
+
+TAIL_SIZE = len(_empty_member(KIND_TAIL, _TAIL.pack(0, 0, 0)))
+"""Bytes of the tail member, the last of every indexed archive."""
+
+
+def encode_index(entries: list[tuple[int, int]], index_offset: int) -> bytes:
+    """The index members listing ``entries`` (member length, uncompressed length) of the data
+    members, followed by the tail; ``index_offset`` is where the first index member will start."""
+    members = [
+        _empty_member(
+            KIND_INDEX,
+            _INDEX_HEAD.pack(len(part)) + b"".join(_ENTRY.pack(*entry) for entry in part),
+        )
+        for part in (entries[at : at + INDEX_ENTRIES] for at in range(0, len(entries), INDEX_ENTRIES))
+    ]
+    total = sum(usize for _, usize in entries)
+    members.append(_empty_member(KIND_TAIL, _TAIL.pack(index_offset, len(entries), total)))
+    return b"".join(members)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What a member's header says about it."""
+
+    kind: int
+    length: int
+    header_length: int
+
+
+def is_indexed(head: bytes) -> bool:
+    """Whether ``head`` (at least :data:`HEADER_PREFIX` bytes) starts a member of this layout
+    that this version reads; other gzip streams (and newer layouts) take the streaming path."""
+    if len(head) < HEADER_PREFIX:
+        return False
+    magic, method, flags, _, _, _, xlen = _GZIP_FIXED.unpack_from(head)
+    ident, size = _SUBFIELD.unpack_from(head, _GZIP_FIXED.size)
+    version, kind, _ = _COMMON.unpack_from(head, _GZIP_FIXED.size + _SUBFIELD.size)
+    return (
+        (magic, method, flags, ident) == (_GZIP_MAGIC, 8, _FEXTRA, _SUBFIELD_ID)
+        and xlen == _SUBFIELD.size + size
+        and version == VERSION
+        and kind in _KINDS
+    )
+
+
+def frame(head: bytes, offset: int) -> Frame:
+    """The frame of the member at ``offset`` whose first :data:`HEADER_PREFIX` bytes are ``head``."""
+    if not is_indexed(head):
+        raise ArchiveIndexError(
+            f"damaged archive: the gzip member at byte {offset} is not one of this package's "
+            "indexed members, although the archive started as one"
+        )
+    _, _, _, _, _, _, xlen = _GZIP_FIXED.unpack_from(head)
+    _, kind, length = _COMMON.unpack_from(head, _GZIP_FIXED.size + _SUBFIELD.size)
+    header_length = _GZIP_FIXED.size + xlen
+    smallest = header_length + len(_EMPTY_DEFLATE) + _TRAILER.size
+    largest = header_length + max(BLOCK + BLOCK // 10 + 1024, len(_fixed_body(kind))) + _TRAILER.size
+    if not smallest <= length <= largest:
+        raise ArchiveIndexError(
+            f"damaged archive: the {_KINDS[kind]} member at byte {offset} declares a length of "
+            f"{length} bytes, outside the {smallest}-{largest} its layout allows"
+        )
+    return Frame(kind, length, header_length)
+
+
+def declared_size(rest: bytes) -> int:
+    """The uncompressed size a data member declares; ``rest`` is the member after its first
+    :data:`HEADER_PREFIX` bytes (which :func:`frame` read)."""
+    (declared,) = _DATA.unpack_from(rest)
+    return int(declared)
+
+
+def is_stored(rest: bytes, frame_: Frame) -> bool:
+    """Whether a data member (``rest`` as for :func:`declared_size`) starts with a stored
+    deflate block: this package stores a block whole or not at all, and decoding a stored one
+    is a copy and a CRC, cheaper than handing it to another thread."""
+    start = frame_.header_length - HEADER_PREFIX
+    return len(rest) > start and rest[start] & 0b110 == 0
+
+
+def decode_data(rest: bytes, offset: int, frame_: Frame) -> bytes:
+    """The content of a data member (``rest`` as for :func:`declared_size`), checked: it must
+    inflate to exactly the size its header declares, with a matching CRC-32 and length.
+    Releases the GIL while inflating, so several members decode at once."""
+    declared = declared_size(rest)
+    where = f"the data member at byte {offset}"
+    if declared > BLOCK:
+        raise ArchiveIndexError(f"damaged archive: {where} declares {declared} bytes, over {BLOCK}")
+    body = memoryview(rest)[frame_.header_length - HEADER_PREFIX : len(rest) - _TRAILER.size]
+    if _isal_zlib is not None:
+        inflater = _isal_zlib.decompressobj(wbits=-15)
+    else:
+        inflater = zlib.decompressobj(wbits=-15)
+    try:
+        content = inflater.decompress(body, declared + 1)
+    except _INFLATE_ERRORS as exc:
+        raise ArchiveIndexError(f"damaged archive: {where} does not inflate: {exc}") from exc
+    crc, size = _TRAILER.unpack_from(rest, len(rest) - _TRAILER.size)
+    if len(content) != declared or not inflater.eof or inflater.unused_data or inflater.unconsumed_tail:
+        raise ArchiveIndexError(
+            f"damaged archive: {where} does not inflate to exactly the {declared} bytes it declares"
+        )
+    if size != declared & 0xFFFFFFFF or crc != _crc32(content):
+        raise ArchiveIndexError(f"damaged archive: {where} fails its CRC-32 or length check")
+    return bytes(content)
+
+
+def decode_index(member: bytes, offset: int) -> list[tuple[int, int]]:
+    """The (member length, uncompressed length) entries of the index member ``member``."""
+    extra_end = _GZIP_FIXED.size + _GZIP_FIXED.unpack_from(member)[-1]
+    (count,) = _INDEX_HEAD.unpack_from(member, HEADER_PREFIX)
+    start = HEADER_PREFIX + _INDEX_HEAD.size
+    if start + count * _ENTRY.size != extra_end:
+        raise ArchiveIndexError(
+            f"damaged archive: the index member at byte {offset} says it lists {count} members, "
+            f"but its extra field holds {(extra_end - start) / _ENTRY.size:g}"
+        )
+    return [_ENTRY.unpack_from(member, start + i * _ENTRY.size) for i in range(count)]
+
+
+def decode_tail(member: bytes) -> tuple[int, int, int]:
+    """The tail's (offset of the first index member, data members, uncompressed bytes)."""
+    offset, count, total = _TAIL.unpack_from(member, HEADER_PREFIX)
+    return offset, count, total
+
+
+def check_fixed(member: bytes, offset: int, frame_: Frame) -> bytes:
+    """The content of an index or tail member (nothing, or the tail's zeros), after checking
+    it holds exactly that."""
+    if member[frame_.header_length :] != _fixed_body(frame_.kind):
+        raise ArchiveIndexError(
+            f"damaged archive: the {_KINDS[frame_.kind]} member at byte {offset} does not hold "
+            "what its kind allows"
+        )
+    return bytes(TAIL_CONTENT) if frame_.kind == KIND_TAIL else b""

@@ -1,0 +1,197 @@
+"""Indexed archives: independent gzip members, stored where deflate saves nothing, an index, and
+parallel loads that check everything the streaming load checks and the index besides."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint import ArchiveIndexError, CheckpointCorruptError, ConfigurationError, archive
+from flyte_checkpoint.archive import members
+from flyte_checkpoint.archive.compression import THREADS_ENV, compression_threads
+
+TEXT = b"".join(b"step %d loss %.6f lr 0.0003 tokens/s 12345\n" % (i, 1 / (i + 1)) for i in range(120_000))
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "tree"
+    (root / "weights").mkdir(parents=True)
+    (root / "weights" / "model.bin").write_bytes(os.urandom(3 * members.BLOCK + 12345))
+    (root / "log.txt").write_bytes(TEXT)
+    (root / "empty").write_bytes(b"")
+    return root
+
+
+def packed(tree: Path, **options: int) -> bytes:
+    sink = io.BytesIO()
+    archive.pack_directory(tree, sink, **options)
+    return sink.getvalue()
+
+
+def contents(root: Path) -> dict[str, bytes | None]:
+    return {
+        str(path.relative_to(root)): path.read_bytes() if path.is_file() else None
+        for path in sorted(root.rglob("*"))
+    }
+
+
+def unpacked(data: bytes, dest: Path, threads: int = 2) -> dict[str, bytes | None]:
+    archive.unpack_archive(io.BytesIO(data), dest, threads=threads)
+    return contents(dest)
+
+
+def split_members(data: bytes) -> list[tuple[int, members.Frame]]:
+    found, offset = [], 0
+    while offset < len(data):
+        frame = members.frame(data[offset : offset + members.HEADER_PREFIX], offset)
+        found.append((offset, frame))
+        offset += frame.length
+    return found
+
+
+def test_random_blocks_are_stored_and_text_blocks_deflated() -> None:
+    random_block, text_block = os.urandom(members.BLOCK), TEXT[: members.BLOCK]
+    assert not members.worth_compressing(random_block, 1)
+    assert members.worth_compressing(text_block, 1)
+    stored = b"".join(members.encode_data(random_block, 1))
+    body = stored[len(stored) - members.BLOCK - 8 - 5 * 17 :]
+    assert body[0] & 0b110 == 0  # BTYPE 00: a stored deflate block
+    assert struct.unpack_from("<HH", body, 1) == (0xFFFF, 0)
+    assert len(b"".join(members.encode_data(text_block, 1))) < members.BLOCK // 3
+
+
+def test_an_incompressible_tree_costs_no_more_than_its_size_and_text_compresses(tree: Path) -> None:
+    data = packed(tree)
+    weights = (tree / "weights" / "model.bin").stat().st_size
+    assert weights < len(data) < weights + len(TEXT) // 3  # stored weights, deflated text
+    assert len(data) < len(packed(tree, level=0))
+
+
+def test_an_object_is_independent_members_ending_in_an_index_and_a_tail(tree: Path) -> None:
+    data = packed(tree)
+    found = split_members(data)
+    kinds = [frame.kind for _, frame in found]
+    assert kinds[-1] == members.KIND_TAIL
+    assert kinds[-2] == members.KIND_INDEX
+    assert found[-1][1].length == members.TAIL_SIZE
+    index_offset, count, total = members.decode_tail(data[-members.TAIL_SIZE :])
+    assert index_offset == found[-2][0]
+    assert count == kinds.count(members.KIND_DATA) >= 4
+    plain = gzip.decompress(data)
+    assert total + members.TAIL_CONTENT == len(plain)
+    for offset, frame in found[:count]:  # each member is a gzip file on its own
+        gzip.decompress(data[offset : offset + frame.length])
+
+
+def test_standard_readers_and_tar_read_the_new_objects(tree: Path, tmp_path: Path) -> None:
+    data = packed(tree)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as opened:
+        assert sorted(opened.getnames()) == ["empty", "log.txt", "weights", "weights/model.bin"]
+    if shutil.which("tar") is None:
+        pytest.skip("no tar here")
+    (tmp_path / "object.tar.gz").write_bytes(data)
+    (out := tmp_path / "by-tar").mkdir()
+    subprocess.run(["tar", "-xzf", str(tmp_path / "object.tar.gz"), "-C", str(out)], check=True)
+    assert contents(out) == contents(tree)
+
+
+def test_a_parallel_load_equals_the_streaming_load(tree: Path, tmp_path: Path) -> None:
+    data = packed(tree)
+    plain = gzip.decompress(data)
+    archive.unpack_archive(io.BytesIO(plain), tmp_path / "streamed", compressed=False)
+    expected = contents(tmp_path / "streamed")
+    assert expected == contents(tree)
+    assert unpacked(data, tmp_path / "one", threads=1) == expected
+    assert unpacked(data, tmp_path / "four", threads=4) == expected
+
+
+def test_single_stream_objects_of_other_tools_and_older_versions_load(tree: Path, tmp_path: Path) -> None:
+    plain = gzip.decompress(packed(tree))
+    old = gzip.compress(plain)  # one gzip member, no index: what earlier versions and tar wrote
+    assert not members.is_indexed(old[: members.HEADER_PREFIX])
+    assert unpacked(old, tmp_path / "old") == contents(tree)
+
+
+def test_a_truncated_object_is_refused_at_every_kind_of_cut(tree: Path, tmp_path: Path) -> None:
+    data = packed(tree)
+    found = split_members(data)
+    index_offset = members.decode_tail(data[-members.TAIL_SIZE :])[0]
+    cuts = {
+        index_offset: "before the end of its index",
+        found[1][0] + 100: "inside",
+        found[-1][0]: "before the end of its index",
+        len(data) - 3: "inside",
+        found[1][0] + 5: "inside a member header",
+    }
+    for number, (cut, message) in enumerate(cuts.items()):
+        with pytest.raises(CheckpointCorruptError, match=message):
+            archive.unpack_archive(io.BytesIO(data[:cut]), tmp_path / f"cut{number}")
+
+
+def rewritten(data: bytes, at: int, value: bytes) -> bytes:
+    return data[:at] + value + data[at + len(value) :]
+
+
+def test_a_tampered_index_is_refused_naming_what_disagrees(tree: Path, tmp_path: Path) -> None:
+    data = packed(tree)
+    index_offset, count, total = members.decode_tail(data[-members.TAIL_SIZE :])
+    first_entry = index_offset + members.HEADER_PREFIX + 4
+    tail_fields = len(data) - members.TAIL_SIZE + members.HEADER_PREFIX
+    cases = {
+        "lists data member 0 as": rewritten(data, first_entry + 4, struct.pack("<I", 7)),
+        "tail counts": rewritten(data, tail_fields + 8, struct.pack("<Q", count + 1)),
+        "unpacks to": rewritten(data, tail_fields + 16, struct.pack("<Q", total - 1)),
+        "index starts at byte": rewritten(data, tail_fields, struct.pack("<Q", index_offset - 1)),
+        "follow its tail": data + b"\x00",
+    }
+    for number, (message, tampered) in enumerate(cases.items()):
+        with pytest.raises(ArchiveIndexError, match=message):
+            archive.unpack_archive(io.BytesIO(tampered), tmp_path / f"case{number}")
+
+
+def test_a_data_member_that_lies_about_its_size_or_content_is_refused(tree: Path, tmp_path: Path) -> None:
+    data = packed(tree)
+    declared_at = members.HEADER_PREFIX
+    lying = rewritten(data, declared_at, struct.pack("<I", members.BLOCK - 1))
+    with pytest.raises(ArchiveIndexError, match="exactly the"):
+        archive.unpack_archive(io.BytesIO(lying), tmp_path / "size")
+    length_at = members.HEADER_PREFIX - 4
+    too_long = rewritten(data, length_at, struct.pack("<I", 4 * members.BLOCK))
+    with pytest.raises(ArchiveIndexError, match="declares a length"):
+        archive.unpack_archive(io.BytesIO(too_long), tmp_path / "length")
+    first_length = members.frame(data[: members.HEADER_PREFIX], 0).length
+    flipped = rewritten(data, first_length - 20, bytes([data[first_length - 20] ^ 0xFF]))
+    with pytest.raises(ArchiveIndexError, match=r"data member at byte 0 (fails its CRC|does not inflate)"):
+        archive.unpack_archive(io.BytesIO(flipped), tmp_path / "crc")
+
+
+def test_the_zlib_fallback_writes_the_same_layout(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(members, "_isal_zlib", None)
+    data = packed(tree)
+    assert split_members(data)[-1][1].kind == members.KIND_TAIL
+    assert unpacked(data, tmp_path / "zlib") == contents(tree)
+
+
+def test_threads_default_to_the_usable_cores_and_are_settable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert compression_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert compression_threads() == 3
+    assert compression_threads(1) == 1
+    for wrong in ("0", "many", "-2", "1.5"):
+        monkeypatch.setenv(THREADS_ENV, wrong)
+        with pytest.raises(ConfigurationError, match=THREADS_ENV):
+            compression_threads()
+    with pytest.raises(ConfigurationError, match="1 to 1024"):
+        compression_threads(0)
