@@ -10,6 +10,10 @@ which store clients the saving process imported (only ``s3fs`` belongs there).
     python benchmarks/cold_start.py                  # moto, 5 runs each
     python benchmarks/cold_start.py --server s3rver --install-server --runs 10
 
+On local disk the same run times a fresh process's first 1 KiB save with ``fsync`` on (the
+storage option a local task sets) beside a plain Python write of 1 KiB (temporary file, fsync,
+rename) in a fresh interpreter, and lists the store clients the local save imported (none).
+
 Times are wall clock on whatever else the machine is doing; the ratio, measured in the same run
 with the two kinds of process alternating, is the figure to read.
 """
@@ -55,6 +59,24 @@ clients = sorted({name.split(".")[0] for name in sys.modules} & {"s3fs", "gcsfs"
 print(json.dumps({"import_s": imported - started, "construct_s": constructed - imported,
                   "save_s": saved - constructed, "total_s": saved - started, "clients": clients}))
 """
+PLAIN = """
+import time
+started = time.perf_counter()
+import json, os, sys
+imported = time.perf_counter()
+target = sys.argv[1]
+os.makedirs(os.path.dirname(target), exist_ok=True)
+constructed = time.perf_counter()
+with open(target + ".tmp", "wb") as file:
+    file.write(bytes(1024))
+    file.flush()
+    os.fsync(file.fileno())
+os.replace(target + ".tmp", target)
+saved = time.perf_counter()
+print(json.dumps({"import_s": imported - started, "construct_s": constructed - imported,
+                  "save_s": saved - constructed, "total_s": saved - started, "clients": []}))
+"""
+"""The local baseline: a fresh interpreter that writes 1 KiB durably and atomically, as ours does."""
 BOTO3 = """
 import time
 started = time.perf_counter()
@@ -115,36 +137,72 @@ def measure(server: s3server.S3Server, runs: int) -> dict[str, list[dict[str, An
     return results
 
 
+def measure_local(directory: Path, runs: int) -> dict[str, list[dict[str, Any]]]:
+    """``runs`` cold processes saving 1 KiB to local disk and as many plain writes, alternating."""
+    results: dict[str, list[dict[str, Any]]] = {"ours": [], "plain": []}
+    for run in range(runs):
+        name = uuid.uuid4().hex
+        options = json.dumps({"fsync": True})
+        results["ours"].append(run_program(OURS, [str(directory / f"{name}-ours"), options]))
+        results["plain"].append(run_program(PLAIN, [str(directory / f"{name}-plain" / "payload")]))
+        log(
+            f"local run {run + 1}/{runs}: ours {results['ours'][-1]['total_s']:.3f} s, "
+            f"plain write {results['plain'][-1]['total_s']:.3f} s"
+        )
+    return results
+
+
 FIGURES = ("import_s", "construct_s", "save_s", "total_s", "process_s")
 
 
-def summarise(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def summarise(results: dict[str, list[dict[str, Any]]], baseline: str = "boto3") -> dict[str, Any]:
+    """Medians of each figure, ours as a ratio of ``baseline``'s, and the store clients ours imported."""
     medians = {
         client: {figure: statistics.median(run[figure] for run in runs) for figure in FIGURES}
         for client, runs in results.items()
     }
     ratios = {
-        figure: medians["ours"][figure] / medians["boto3"][figure] for figure in ("total_s", "process_s")
+        figure: medians["ours"][figure] / medians[baseline][figure] for figure in ("total_s", "process_s")
     }
     clients = sorted({name for run in results["ours"] for name in run["clients"]})
-    return {"medians": medians, "ratio_ours_to_boto3": ratios, "store_clients_imported": clients}
+    return {"medians": medians, f"ratio_ours_to_{baseline}": ratios, "store_clients_imported": clients}
+
+
+def print_medians(title: str, summary: dict[str, Any]) -> None:
+    """``title``, then one row of medians per kind of process."""
+    print(title)
+    print(f"{'':8}" + "".join(f"{figure.removesuffix('_s'):>11}" for figure in FIGURES))
+    for client, medians in summary["medians"].items():
+        print(f"{client:8}" + "".join(f"{medians[figure]:>10.3f}s" for figure in FIGURES))
 
 
 def print_report(report: dict[str, Any]) -> None:
     summary = report["summary"]
-    print(
+    print_medians(
         f"Cold start on {report['server']}: fresh process, first {PAYLOAD_BYTES} B upload, "
-        f"median of {report['runs']} runs (load average {report['load_average']})"
+        f"median of {report['runs']} runs (load average {report['load_average']})",
+        summary,
     )
-    print(f"{'':8}" + "".join(f"{figure.removesuffix('_s'):>11}" for figure in FIGURES))
-    for client, medians in summary["medians"].items():
-        print(f"{client:8}" + "".join(f"{medians[figure]:>10.3f}s" for figure in FIGURES))
     ratios = summary["ratio_ours_to_boto3"]
     print(
         f"ours / boto3: {ratios['total_s']:.2f}x in-process (import to upload done), "
         f"{ratios['process_s']:.2f}x whole process"
     )
     print(f"store clients imported by our saving process: {', '.join(summary['store_clients_imported'])}")
+    local = report["local"]
+    print_medians(
+        f"\nCold start on local disk (fsync on): fresh process, first {PAYLOAD_BYTES} B save, "
+        f"median of {report['runs']} runs",
+        local,
+    )
+    ratios = local["ratio_ours_to_plain"]
+    print(
+        f"ours / plain write: {ratios['total_s']:.1f}x in-process (import to save done), "
+        f"{ratios['process_s']:.2f}x whole process; first save alone "
+        f"{local['medians']['ours']['save_s'] * 1000:.1f} ms"
+    )
+    imported = ", ".join(local["store_clients_imported"]) or "none"
+    print(f"store clients imported by our local saving process: {imported}")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -166,12 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         s3server.running(args.server, "cold-start", args.install_server, Path(run_dir)) as server,
     ):
         results = measure(server, args.runs)
+        local = measure_local(Path(run_dir) / "local", args.runs)
     report = {
         "server": args.server,
         "runs": args.runs,
         "load_average": [round(value, 2) for value in os.getloadavg()],
         "results": results,
         "summary": summarise(results),
+        "local_results": local,
+        "local": summarise(local, baseline="plain"),
     }
     if args.json:
         print(json.dumps(report, indent=2))

@@ -1,7 +1,7 @@
-"""``benchmarks/cold_start.py`` still runs: one cold process of each client on moto.
+"""``benchmarks/cold_start.py`` still runs: one cold process of each client on moto and on local disk.
 
 Not a timed test: it checks that every figure is produced and that our saving process imported
-the S3 client only, never what the figures are.
+the S3 client only and our local one none, never what the figures are.
 """
 
 from __future__ import annotations
@@ -35,4 +35,10 @@ def test_the_cold_start_benchmark_reports_every_figure_for_both_clients(tmp_path
             assert summary["medians"][client][figure] > 0, f"{client}: {figure}"
     assert summary["ratio_ours_to_boto3"]["total_s"] > 0
     assert summary["store_clients_imported"] == ["s3fs"]
+    local = report["local"]
+    for client in ("ours", "plain"):
+        for figure in ("import_s", "construct_s", "save_s", "total_s", "process_s"):
+            assert local["medians"][client][figure] > 0, f"local {client}: {figure}"
+    assert local["ratio_ours_to_plain"]["total_s"] > 0
+    assert local["store_clients_imported"] == []
     assert_json_out_is_the_report(report, json_out, "cold_start.py")

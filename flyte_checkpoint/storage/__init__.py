@@ -31,8 +31,7 @@ from flyte_checkpoint.storage.base import (
 from flyte_checkpoint.storage.options import (
     STORES,
     TransferSettings,
-    accepted_anywhere,
-    check_names,
+    check_accepted_anywhere,
     split_transfer,
 )
 from flyte_checkpoint.storage.stores.local import LocalBackend
@@ -88,7 +87,7 @@ def check_local_options(options: StorageOptions, transfer: TransferSettings | No
     settings, and a setting given both ways: caught on the laptop, not first in production on S3."""
     if not options:
         return
-    check_names(options, accepted_anywhere(), "any store (local disk takes the options of every store)")
+    check_accepted_anywhere(options, "any store (local disk takes the options of every store)")
     split_transfer(options, transfer, "local disk")
 
 

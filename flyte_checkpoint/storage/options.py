@@ -49,13 +49,36 @@ def accepted_by(scheme: str) -> tuple[str, ...]:
         return ()
 
 
+def own_options() -> frozenset[str]:
+    """The storage options this package reads itself, whatever the store: known without
+    importing any store's client."""
+    return frozenset({FSYNC_OPTION, "max_concurrency", *TransferSettings.OPTIONS})
+
+
 def accepted_anywhere() -> tuple[str, ...]:
     """Options some installed store accepts: what a local location tolerates, since one set of
     storage options often serves a local destination and a remote source together."""
-    names = {FSYNC_OPTION, "max_concurrency", *TransferSettings.OPTIONS}
+    names = set(own_options())
     for scheme in REMOTE_STORES:
         names.update(accepted_by(scheme))
     return tuple(sorted(names))
+
+
+def check_accepted_anywhere(options: Mapping[str, Any], where: str) -> None:
+    """Refuse an option no installed store accepts (as :func:`check_names` with
+    :func:`accepted_anywhere`), importing a store's client only while some name is still unknown.
+
+    Listing a store's options imports its client (0.3-1 s each): a local save given only this
+    package's options (``fsync``, ``part_size``) imports none, and one also given S3's ``key``
+    stops at s3fs. Only a name no store accepts pays for every client, to suggest the closest.
+    """
+    unknown = set(options) - own_options()
+    for scheme in REMOTE_STORES:
+        if not unknown:
+            return
+        unknown.difference_update(accepted_by(scheme))
+    if unknown:
+        check_names(options, accepted_anywhere(), where)
 
 
 def check_names(options: Mapping[str, Any], accepted: Iterable[str], where: str) -> None:
@@ -243,7 +266,5 @@ def option_origins(scheme: str) -> dict[str, str]:
     given = {**profile.defaults, **profile.own_options}
     origins.update({name: f"{client} (default here: {value!r})" for name, value in given.items()})
     # Ours last: these are read (and some taken away) before the client sees the options.
-    origins.update(
-        dict.fromkeys({*TransferSettings.OPTIONS, "max_concurrency", FSYNC_OPTION}, "flyte_checkpoint")
-    )
+    origins.update(dict.fromkeys(own_options(), "flyte_checkpoint"))
     return origins
