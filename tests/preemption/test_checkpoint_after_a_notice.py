@@ -14,8 +14,8 @@ import pytest
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.errors import Preempted, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
+from tests.saving.faults import failing_uploads, stall_uploads
 from tests.storage_servers import StorageServer, create_bucket
-from tests.test_background_save import failing_uploads, stall_uploads
 
 MiB = 1 << 20
 

@@ -16,7 +16,7 @@ import pytest
 
 from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.preemption import install_preemption_handler, notice
-from tests.signals.processes import Program, running
+from tests.faults.signals.processes import Program, running
 
 
 def preempted_with_sigkill_at(

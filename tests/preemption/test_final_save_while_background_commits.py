@@ -19,7 +19,7 @@ import pytest
 from flyte_checkpoint import Checkpoint, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.storage.deadline import Ceiling, finish_by
-from tests.fault_proxy import FaultProxy, stall
+from tests.faults.proxy import FaultProxy, stall
 from tests.storage_servers import StorageServer, create_bucket
 
 MiB = 1024 * 1024

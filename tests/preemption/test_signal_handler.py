@@ -11,8 +11,8 @@ import pytest
 
 from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.preemption import install_preemption_handler, notice
+from tests.faults.signals.processes import Program, running
 from tests.preemption.programs import step_of
-from tests.signals.processes import Program, running
 
 PROGRAMS = "tests.preemption.programs"
 

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.signals.processes import running
+from tests.faults.signals.processes import running
 
 
 def test_a_task_that_swallowed_its_ending_is_ended_again_before_the_sigkill(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fault_proxy import FaultProxy, RequestRecord, status
+from tests.faults.proxy import FaultProxy, RequestRecord, status
 from tests.storage.conftest import Remote
 from tests.storage.test_faults import through_proxy
 

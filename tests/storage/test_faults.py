@@ -1,6 +1,6 @@
 """Transient faults between us and each object store, injected by a proxy on loopback.
 
-The proxy (tests/fault_proxy.py) sits in front of the real emulator and answers 503s, drops
+The proxy (tests/faults/proxy.py) sits in front of the real emulator and answers 503s, drops
 connections mid-request or stalls, on demand. The client options give every call a short time
 bound and little backend-level retrying, so each test runs in seconds. gcsfs retries every
 request 6 times with up to 32 s of back-off and offers no switch (a refused connection takes about
@@ -23,7 +23,7 @@ from flyte_checkpoint import Checkpoint, CheckpointError, CheckpointUnavailableE
 from flyte_checkpoint.cli import main
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.storage.stores.s3 import S3Object
-from tests.fault_proxy import FaultProxy, drop_mid_request, drop_mid_response, stall, status
+from tests.faults.proxy import FaultProxy, drop_mid_request, drop_mid_response, stall, status
 from tests.storage.conftest import Remote
 
 QUICK_RETRY = RetryPolicy(attempts=3, initial_delay=0.05, max_delay=0.2)

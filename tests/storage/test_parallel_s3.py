@@ -40,7 +40,7 @@ from flyte_checkpoint.storage.parallel.retries import mark_retried_by_client
 from flyte_checkpoint.storage.parallel.sizing import transfer_memory
 from flyte_checkpoint.storage.parallel.writer import ParallelWriter
 from flyte_checkpoint.storage.stores.s3 import S3Backend, S3Object
-from tests.fault_proxy import FaultProxy, drop_before_response
+from tests.faults.proxy import FaultProxy, drop_before_response
 from tests.storage.parallel_faults import FaultyTarget, Wrapped
 from tests.storage.s3_direct import open_s3_reader, open_s3_writer
 from tests.storage_servers import StorageServer, create_bucket
