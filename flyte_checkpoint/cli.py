@@ -608,7 +608,7 @@ def _ls_state_root(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from flyte_checkpoint.context import CheckpointPaths
-    from flyte_checkpoint.runners.runtime import load_and_run_task, resolve_task
+    from flyte_checkpoint.runners.attempt import load_and_run_task, resolve_task
     from flyte_checkpoint.uris import check_object_uri, clean_uri
 
     if clean_uri(args.checkpoint_path) is None:

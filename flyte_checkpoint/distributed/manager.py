@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from flyte_checkpoint.distributed import _commit
+from flyte_checkpoint.distributed import _state_bridge
 from flyte_checkpoint.distributed.reader import CheckpointReader, CommittedMetadata, read_committed_metadata
 from flyte_checkpoint.distributed.writer import CheckpointWriter, Retention
 from flyte_checkpoint.errors import (
@@ -112,8 +112,8 @@ class DistributedCheckpointManager:
             isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
         ):
             raise InvalidCheckpointInputError(f"keep_last must be a positive int or None, not {keep_last!r}")
-        self.root = _commit.root_of(root)
-        self.resume_from = _commit.root_of(resume_from) if resume_from is not None else None
+        self.root = _state_bridge.root_of(root)
+        self.resume_from = _state_bridge.root_of(resume_from) if resume_from is not None else None
         self.keep_last = keep_last
         self.storage_options = dict(storage_options) if storage_options is not None else None
         self.process_group = process_group
@@ -127,11 +127,11 @@ class DistributedCheckpointManager:
         """The step the last :meth:`save` committed, and when (``time.monotonic()``)."""
 
     def checkpoint_dir(self, step: int) -> str:
-        return _commit.step_dir(self.root, _check_step(step))
+        return _state_bridge.step_dir(self.root, _check_step(step))
 
     def steps(self) -> list[int]:
         """The committed steps under ``root``, oldest first (a plain listing: call it on any rank)."""
-        return _commit.committed_steps(self.root, self.storage_options)
+        return _state_bridge.committed_steps(self.root, self.storage_options)
 
     def latest_step(self) -> int | None:
         steps = self.steps()
@@ -301,7 +301,9 @@ class DistributedCheckpointManager:
         candidates = [(self.root, found) for found in reversed(own)]
         if self.resume_from is not None and self.resume_from != self.root:
             resume_root = self.resume_from
-            found_there = self._agreed(lambda: _commit.committed_steps(resume_root, self.storage_options))
+            found_there = self._agreed(
+                lambda: _state_bridge.committed_steps(resume_root, self.storage_options)
+            )
             candidates += [(resume_root, found) for found in reversed(found_there)]
         if not candidates:
             return None
@@ -327,7 +329,7 @@ class DistributedCheckpointManager:
         self, root: str, step: int, state_dict: dict[str, Any], progress: ProgressCallback | None
     ) -> RestoredStep:
         started = time.monotonic()
-        directory = _commit.step_dir(root, step)
+        directory = _state_bridge.step_dir(root, step)
         committed = self._verified_metadata(directory)
         try:
             dcp_load(

@@ -31,7 +31,7 @@ from flyte_checkpoint.state.failures import part_failed, timed_out
 from flyte_checkpoint.state.layout import Layout, ack_name
 from flyte_checkpoint.state.manifest import AckRecord, PartAck, from_json, to_json
 from flyte_checkpoint.state.objects import read_record, write_record
-from flyte_checkpoint.state.runtime import Deadline
+from flyte_checkpoint.state.waiting import Deadline
 
 logger = logging.getLogger("flyte_checkpoint")
 

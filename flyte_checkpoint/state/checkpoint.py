@@ -50,7 +50,7 @@ from flyte_checkpoint.state.objects import fetch_bytes, verify_object
 from flyte_checkpoint.state.parts import PartData, check_rank_count, payload_of, resolve_position, store_part
 from flyte_checkpoint.state.pointer import read_committed, with_committed
 from flyte_checkpoint.state.restore import Target, check_counts, load_into, record_of
-from flyte_checkpoint.state.runtime import (
+from flyte_checkpoint.state.waiting import (
     DEFAULT_TIMEOUT,
     Deadline,
     LockLike,

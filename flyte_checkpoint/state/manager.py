@@ -24,7 +24,7 @@ from flyte_checkpoint.state.components import PICKLE, ComponentOrActor, Serializ
 from flyte_checkpoint.state.layout import POINTER_NAME, Layout
 from flyte_checkpoint.state.manifest import Manifest, PartAck
 from flyte_checkpoint.state.parts import PartData
-from flyte_checkpoint.state.runtime import DEFAULT_TIMEOUT, LockLike
+from flyte_checkpoint.state.waiting import DEFAULT_TIMEOUT, LockLike
 from flyte_checkpoint.storage import StorageOptions
 
 logger = logging.getLogger("flyte_checkpoint")

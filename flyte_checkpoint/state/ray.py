@@ -59,7 +59,7 @@ from flyte_checkpoint.state.manifest import Manifest, PartAck, PartRecord, check
 from flyte_checkpoint.state.parts import store_part
 from flyte_checkpoint.state.pointer import with_committed
 from flyte_checkpoint.state.restore import NOTHING_RESTORED, Staged, Target, check_counts, stage
-from flyte_checkpoint.state.runtime import Deadline, LockLike, held
+from flyte_checkpoint.state.waiting import Deadline, LockLike, held
 
 logger = logging.getLogger("flyte_checkpoint")
 

@@ -21,11 +21,11 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
         "errors",
-        "environment lockfiles progress running latest",
+        "environment lockfiles progress running newest_file",
         "uris archive",
         "storage",
         "preemption transfer workspace",
-        "resume saving inspection",
+        "earlier_attempts saving inspection",
         "checkpoint",
         "context",
         "runners state",
