@@ -12,7 +12,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
@@ -32,6 +31,7 @@ from flyte_checkpoint.errors import (
 )
 from flyte_checkpoint.preemption import handler, notice, ranks
 from flyte_checkpoint.progress import ProgressCallback, log_transfer
+from flyte_checkpoint.steps import RestoredStep, check_step
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.deadline import finish_by
 
@@ -41,23 +41,6 @@ if TYPE_CHECKING:  # recent torch only; named in a return annotation alone
 logger = logging.getLogger("flyte_checkpoint")
 
 T = TypeVar("T")
-
-
-class RestoredStep(BaseModel):
-    """What :meth:`DistributedCheckpointManager.load` restored, and from where."""
-
-    model_config = ConfigDict(frozen=True)
-
-    step: int
-    version_id: str
-    checkpoint_dir: str
-    metadata: dict[str, Any]
-
-
-def _check_step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise InvalidCheckpointInputError(f"step must be a non-negative int, not {step!r}")
-    return step
 
 
 def checkpoint_failure(exc: BaseException) -> CheckpointError | None:
@@ -127,7 +110,7 @@ class DistributedCheckpointManager:
         """The step the last :meth:`save` committed, and when (``time.monotonic()``)."""
 
     def checkpoint_dir(self, step: int) -> str:
-        return _state_bridge.step_dir(self.root, _check_step(step))
+        return _state_bridge.step_dir(self.root, check_step(step))
 
     def steps(self) -> list[int]:
         """The committed steps under ``root``, oldest first (a plain listing: call it on any rank)."""
@@ -143,7 +126,7 @@ class DistributedCheckpointManager:
         """The storage writer of ``step``, carrying this manager's retention."""
         retention = None
         if self.keep_last is not None:
-            protect = {_check_step(step)} | ({self.resumed_step} if self.resumed_step is not None else set())
+            protect = {check_step(step)} | ({self.resumed_step} if self.resumed_step is not None else set())
             retention = Retention(self.root, self.keep_last, frozenset(protect))
         return CheckpointWriter(
             self.checkpoint_dir(step),
@@ -225,7 +208,7 @@ class DistributedCheckpointManager:
         with nothing saved while this answered ``False``. Called from another thread then, it
         raises :class:`ConfigurationError`, since signal handlers can be set in the main thread only.
         """
-        step = _check_step(step)
+        step = check_step(step)
         self._install_handler()
         return ranks.reached_preemption(step, self.process_group)
 
@@ -295,7 +278,7 @@ class DistributedCheckpointManager:
         raised as is. An explicit ``step`` (of ``root``) is loaded or raises.
         """
         if step is not None:
-            return self._load(self.root, _check_step(step), state_dict, progress)
+            return self._load(self.root, check_step(step), state_dict, progress)
         # Listed by rank 0 for all: ranks listing on their own could race a save and disagree.
         own = self._agreed(self.steps)
         candidates = [(self.root, found) for found in reversed(own)]
