@@ -264,7 +264,7 @@ class Checkpoint(BaseCheckpoint):
         if current is None:
             raise RuntimeError("no preemption notice was received; check checkpoint.preempted first")
         unsettled = self._saves.settle()
-        saved = self._saves.budget.committed_since(current.received_at)
+        saved = self._saves.durations.committed_since(current.received_at)
         if saved:
             detail = (
                 f"the checkpoint saved after the notice committed to {self._dest}; the next "

@@ -156,7 +156,7 @@ class DistributedCheckpointManager:
         previous step stays the newest committed one.
         """
         writer = self.writer(step, metadata=metadata, progress=progress)
-        with notice.save_in_flight(), finish_by(notice.save_ceiling()):
+        with notice.save_in_flight(), finish_by(notice.save_deadline()):
             dcp_save(state_dict, storage_writer=writer, process_group=self.process_group)
         self._last_commit = (step, time.monotonic())
 

@@ -52,7 +52,6 @@ from flyte_checkpoint.state.pointer import read_committed, with_committed
 from flyte_checkpoint.state.restore import Target, check_counts, load_into, record_of
 from flyte_checkpoint.state.waiting import (
     DEFAULT_TIMEOUT,
-    Deadline,
     LockLike,
     check_max_workers,
     check_timeout,
@@ -60,6 +59,7 @@ from flyte_checkpoint.state.waiting import (
     run_bounded,
 )
 from flyte_checkpoint.storage import StorageOptions
+from flyte_checkpoint.timebounds import Deadline
 
 NOTHING_SAVED = "nothing was saved; the previous checkpoint is unchanged"
 
@@ -128,7 +128,7 @@ class StateCheckpoint:
         return self._max_workers
 
     def _deadline(self) -> Deadline:
-        return Deadline(self._timeout)
+        return Deadline.after(self._timeout)
 
     # ----------------------------------------------------------------------- one process
 

@@ -48,7 +48,7 @@ from flyte_checkpoint.storage.base import (
     ReadsInto,
     WriteGate,
 )
-from flyte_checkpoint.storage.deadline import Deadline, outside_deadlines
+from flyte_checkpoint.storage.deadline import TransferBound, outside_deadlines
 from flyte_checkpoint.storage.digests import crc32
 from flyte_checkpoint.storage.kernel_copy import regular_file_descriptor
 from flyte_checkpoint.storage.options import TransferSettings
@@ -348,8 +348,8 @@ class RangeSource(Protocol):
 
 
 # -- running coroutines on the store's loop ---------------------------------------------------
-# Every coroutine goes to the store's loop through :meth:`Deadline.submit`, and every wait for
-# one through :meth:`Deadline.result` / :meth:`Deadline.wait_any`: nothing waits unbounded.
+# Every coroutine goes to the store's loop through :meth:`TransferBound.submit`, and every wait for
+# one through :meth:`TransferBound.result` / :meth:`TransferBound.wait_any`: nothing waits unbounded.
 
 
 _RETRIED_BY_CLIENT = "_flyte_checkpoint_retried_by_client"
@@ -414,7 +414,7 @@ class ParallelWriter(ObjectWriter):
         declared_size: int | None = None,
         progress: ProgressReporter | None = None,
         gate: WriteGate | None = None,
-        deadline: Deadline | None = None,
+        deadline: TransferBound | None = None,
     ) -> ParallelWriter:
         """A writer with :meth:`Backend.open_write`'s contract: the commit refuses content that
         differs from a declared digest and size. Where the store takes metadata only when an
@@ -443,7 +443,7 @@ class ParallelWriter(ObjectWriter):
         expected_size: int | None = None,
         progress: ProgressReporter | None = None,
         gate: WriteGate | None = None,
-        deadline: Deadline | None = None,
+        deadline: TransferBound | None = None,
     ) -> None:
         super().__init__(target.uri, progress=progress, gate=gate)
         self.metadata.update(metadata)
@@ -842,7 +842,7 @@ class ParallelReader(io.RawIOBase):
         first: RangeBody,
         settings: TransferSettings,
         *,
-        deadline: Deadline | None = None,
+        deadline: TransferBound | None = None,
     ) -> None:
         super().__init__()
         self.info = info
@@ -862,7 +862,7 @@ class ParallelReader(io.RawIOBase):
 
     @classmethod
     def open(
-        cls, source: RangeSource, settings: TransferSettings, *, deadline: Deadline | None = None
+        cls, source: RangeSource, settings: TransferSettings, *, deadline: TransferBound | None = None
     ) -> ParallelReader | None:
         """Send the first GET and start the others; ``None`` when there is no object."""
         deadline = deadline or settings.deadline(source.uri, "loading", source.loop)

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import DIGEST_KEY, ObjectInfo, WriteGate
-from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.deadline import TransferBound
 from flyte_checkpoint.storage.fsspec_store import our_metadata
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.parallel import (
@@ -281,7 +281,7 @@ def open_s3_writer(
     declared_size: int | None = None,
     progress: ProgressReporter | None = None,
     gate: WriteGate | None = None,
-    deadline: Deadline | None = None,
+    deadline: TransferBound | None = None,
 ) -> ParallelWriter:
     """An atomic, parallel upload to ``uri`` through ``fs`` (an ``s3fs.S3FileSystem``).
 
@@ -324,7 +324,7 @@ def pool_options(settings: TransferSettings) -> dict[str, Any]:
 
 
 def open_s3_reader(
-    fs: Any, uri: str, settings: TransferSettings, *, deadline: Deadline | None = None
+    fs: Any, uri: str, settings: TransferSettings, *, deadline: TransferBound | None = None
 ) -> ParallelReader | None:
     """A parallel, in-order read of the object at ``uri``; ``None`` when there is none."""
     return ParallelReader.open(S3Object(fs, uri), settings, deadline=deadline)

@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
         "errors",
-        "environment lockfiles progress running newest_file steps",
+        "environment lockfiles progress running newest_file steps timebounds",
         "uris archive",
         "storage",
         "preemption transfer workspace",
