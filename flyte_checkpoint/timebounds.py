@@ -5,7 +5,7 @@ notice sets one for every save made after it (:func:`flyte_checkpoint.preemption
 and the storage layer stops an operation that would run past the one in force
 (:func:`flyte_checkpoint.storage.deadline.finish_by`). Only the storage layer's per-transfer
 bound, which grows with the bytes moved and cancels tasks on a store's loop, is a class of its own
-(in :mod:`flyte_checkpoint.storage.deadline`).
+(:class:`flyte_checkpoint.storage.deadline.TransferBound`).
 """
 
 from __future__ import annotations
