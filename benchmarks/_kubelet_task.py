@@ -87,6 +87,8 @@ def train(steps: int, mib: int, every: int, step_s: float, features: list[str], 
                 time.sleep(step_s)
             if loader is not None:
                 sum(int(batch.sum()) for (batch,) in loader)
+            if checkpoint.preempted:
+                checkpoint.hold_background_save()  # the older upload waits for the final save
             _write_state(state, step + 1, mib, "inplace" in features)
             _log(journal, event="step", step=step + 1)
             if (step + 1) % every == 0 or checkpoint.preempted:

@@ -380,6 +380,8 @@ def _train(spec: dict[str, Any], events: Events) -> None:
             writer.write_model(current, model, optimizer)
         if variant == "oneline":
             # The documented loop, as a user writes it.
+            if helper.preempted:
+                helper.hold_background_save()  # the older upload waits for the final save
             if current % every == 0 or helper.preempted:
                 save(current, background=not helper.preempted)
             if helper.preempted:

@@ -42,6 +42,8 @@ def train(steps: int, save_every: int, step_seconds: float, preempt_attempts: in
     while step < steps:
         time.sleep(step_seconds)  # the training step
         step += 1
+        if checkpoint.preempted:
+            checkpoint.hold_background_save()  # the older upload waits for the final save
         if step % save_every == 0 or checkpoint.preempted:  # the one line (and its save)
             checkpoint.save_sync(str(step).encode(), background=not checkpoint.preempted)
         if checkpoint.preempted:

@@ -212,26 +212,36 @@ class Checkpoint(BaseCheckpoint):
     def preempted(self) -> bool:
         """Whether this process received a preemption notice (SIGTERM, by default).
 
-        Reading it tells the preemption handler that this task handles the notice itself: it is
-        no longer ended for you once saves are done. The documented loop::
+        Reading it changes nothing about this helper's saves. It does tell the preemption
+        handler that this task handles the notice itself: it is no longer ended for you once
+        saves are done. The documented loop::
 
+            if checkpoint.preempted:
+                checkpoint.hold_background_save()  # the final state is written without it
             if step % 100 == 0 or checkpoint.preempted:
                 checkpoint.save_sync(state, background=not checkpoint.preempted)
             if checkpoint.preempted:
                 raise checkpoint.preemption()
+        """
+        notice.take_over()
+        return notice.current_notice() is not None
 
-        The first ``True`` after a notice also holds this helper's background upload in flight,
-        for up to half the time left before the save deadline: the task is about to write its
-        newest state and save it, and the older upload would only take the cores and the disk
-        from that. The save (which overtakes the held upload, or is refused as not fitting),
-        :meth:`preemption`, :meth:`wait_sync` or :meth:`close` ends the hold; without any, the
-        upload resumes when the hold runs out.
+    def hold_background_save(self) -> None:
+        """After a preemption notice, hold this helper's background upload in flight while the
+        task writes its final state; nothing before a notice.
+
+        The task is about to write its newest state and save it in the foreground, and the older
+        upload would only take the cores and the disk from that. The upload stops at its next
+        write for up to half the time left before the save deadline, once per notice (calling
+        again changes nothing). The next save (which overtakes the held upload, or is refused as
+        not fitting, letting it go on at once), :meth:`preemption`, :meth:`wait_sync` or
+        :meth:`close` ends the hold; without any, the upload resumes when the hold runs out.
+        Like reading :attr:`preempted`, it tells the handler the task handles the notice.
         """
         notice.take_over()
         current = notice.current_notice()
         if current is not None:
             self._saves.take_over(current)
-        return current is not None
 
     @property
     def last_save(self) -> SaveTimes | None:

@@ -26,23 +26,24 @@ the handlers in place; the last uninstall restores what was there before.
 
 With ``FLYTE_CHECKPOINT_CLOUD_NOTICES`` set (:mod:`.cloud`), the first install also starts
 watching the clouds named there for their earlier warning; the last uninstall stops it.
+
+What is installed is kept in the process's preemption state (:attr:`.state.STATE.handler`), which
+a fork child starts afresh with the handlers of before ours put back.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType, TracebackType
-from typing import Any
 
 from flyte_checkpoint.errors import ConfigurationError, Preempted
 from flyte_checkpoint.preemption import arrival, cloud, notice
+from flyte_checkpoint.preemption.state import STATE, Deliver, HandlerState, SignalHandler
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -56,69 +57,36 @@ _REPLACED_FOR_SECONDS = 5.0
 its own for a while and has ours reclaimed (Lightning's ``fit`` installs its handler just before
 the sanity check or the first epoch, where our callback reclaims ours) is not warned of."""
 
-_SignalHandler = Callable[[int, FrameType | None], Any] | int | None
-Deliver = Callable[[Preempted], None]
-"""Ends an attempt with the given ``Preempted``; called in the watcher thread."""
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "Deliver",
+    "PreemptionHandler",
+    "ending_delivered_to",
+    "install_preemption_handler",
+    "is_installed",
+    "reclaim_signals",
+]
 
 
-class _State:
-    """What is installed, shared by every :class:`PreemptionHandler` of the process."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()  # taken by install/uninstall only, never by the handler
-        self.users = 0
-        self.previous: dict[int, _SignalHandler] = {}
-        self.grace_seconds = notice.DEFAULT_GRACE_SECONDS
-        self.end_main_thread = True
-        self.ending: Preempted | None = None
-        """Set by the watcher just before it signals the main thread, to end it with this."""
-        self.stop = threading.Event()
-        self.watcher: threading.Thread | None = None
-        self.cloud: cloud.CloudNoticeWatcher | None = None
-        self.deliverers: list[Deliver] = []
-        """Where endings go instead of the main thread (:func:`ending_delivered_to`), innermost last."""
-        self.arrivals: arrival.ArrivalWatcher | None = None
-        """Records each signal when it arrives, however late Python runs :func:`_on_signal`."""
-
-
-_state = _State()
+def _installed() -> HandlerState:
+    """What is installed now (a fork child has a fresh one)."""
+    return STATE.handler
 
 
 def _on_arrival(signum: int, arrived_at: float) -> None:
-    if signum in _state.previous:
-        notice.notify_arrival(signum, _state.grace_seconds, arrived_at)
-
-
-def _put_back(signum: int, previous: _SignalHandler) -> None:
-    """Reinstall the handler ``signum`` had before ours (the default when it had none from Python)."""
-    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-
-
-def _forget_in_child() -> None:
-    """A fork child (a DataLoader worker, a pool process) gets back the handlers that were there
-    before ours: SIGTERM ends it as it always did (``terminate()`` works, a daemon child does not
-    hang its parent's exit), and its signals never reach the parent's watcher."""
-    global _state
-    if not _state.previous:
-        return
-    for signum, previous in _state.previous.items():
-        with contextlib.suppress(ValueError, OSError):
-            _put_back(signum, previous)
-    if _state.arrivals is not None:
-        _state.arrivals.forget_in_child()
-    _state = _State()  # the parent's threads did not come along; its lock may have been held
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+    installed = _installed()
+    if signum in installed.previous:
+        notice.notify_arrival(signum, installed.grace_seconds, arrived_at)
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    ending = _state.ending
+    installed = _installed()
+    ending = installed.ending
     if ending is not None:
-        _state.ending = None
+        installed.ending = None
         raise ending
-    notice.notify_signal(signum, _state.grace_seconds)
-    previous = _state.previous.get(signum)
+    notice.notify_signal(signum, installed.grace_seconds)
+    previous = installed.previous.get(signum)
     if callable(previous) and previous is not signal.default_int_handler:
         previous(signum, frame)
 
@@ -137,20 +105,21 @@ class PreemptionHandler:
         if self._done or not self.installed:
             return
         self._done = True
-        with _state.lock:
-            _state.users -= 1
-            if _state.users:
+        installed = _installed()
+        with installed.lock:
+            installed.users -= 1
+            if installed.users:
                 return
-            for signum, previous in _state.previous.items():
-                _put_back(signum, previous)
-            _state.previous.clear()
+            for signum in installed.previous:
+                installed.put_back(signum)
+            installed.previous.clear()
             notice.stop_expecting_exit()
-            arrivals, _state.arrivals = _state.arrivals, None
+            arrivals, installed.arrivals = installed.arrivals, None
             if arrivals is not None:
                 arrivals.stop()
-            _state.stop.set()
-            watcher, _state.watcher = _state.watcher, None
-            clouds, _state.cloud = _state.cloud, None
+            installed.stop.set()
+            watcher, installed.watcher = installed.watcher, None
+            clouds, installed.cloud = installed.cloud, None
         if clouds is not None:
             clouds.stop()
         if watcher is not None and watcher is not threading.current_thread():
@@ -202,34 +171,35 @@ def install_preemption_handler(
         logger.debug("preemption handler not installed: signal handlers can be set in the main thread only")
         return PreemptionHandler(installed=False)
     clouds = cloud.cloud_notices_from_env()  # read before installing anything: a bad value fails first
-    with _state.lock:
-        if _state.users == 0:
-            _state.grace_seconds = grace
-            _state.end_main_thread = end_main_thread
+    installed = _installed()
+    with installed.lock:
+        if installed.users == 0:
+            installed.grace_seconds = grace
+            installed.end_main_thread = end_main_thread
             notice.expect_exit(exiting)
-            _state.ending = None
-            _state.stop = threading.Event()
-            _state.cloud = clouds.start() if clouds is not None else None
+            installed.ending = None
+            installed.stop = threading.Event()
+            installed.cloud = clouds.start() if clouds is not None else None
             try:
-                _state.arrivals = arrival.ArrivalWatcher(_on_arrival)
+                installed.arrivals = arrival.ArrivalWatcher(_on_arrival)
             except (OSError, ValueError) as error:  # no socket, or a wakeup fd we may not set
                 logger.debug("signal arrival times unavailable (the handler's time is used): %r", error)
         for signum in wanted:
-            if signum not in _state.previous:
-                _state.previous[signum] = signal.signal(signum, _on_signal)
-        _state.users += 1
-        if _state.watcher is None:
-            _state.watcher = threading.Thread(
-                target=_watch, args=(_state.stop,), name="flyte-checkpoint-preemption", daemon=True
+            if signum not in installed.previous:
+                installed.previous[signum] = signal.signal(signum, _on_signal)
+        installed.users += 1
+        if installed.watcher is None:
+            installed.watcher = threading.Thread(
+                target=_watch, args=(installed.stop,), name="flyte-checkpoint-preemption", daemon=True
             )
-            _state.watcher.start()
+            installed.watcher.start()
     return PreemptionHandler(installed=True)
 
 
 def is_installed() -> bool:
     """Whether a preemption handler is installed in this process (by anyone: a runner, the Flyte
     plugin, a manager, the task's own :func:`install_preemption_handler`)."""
-    return _state.users > 0
+    return _installed().users > 0
 
 
 def reclaim_signals() -> tuple[int, ...]:
@@ -242,8 +212,9 @@ def reclaim_signals() -> tuple[int, ...]:
     """
     if threading.current_thread() is not threading.main_thread():
         return ()
-    with _state.lock:
-        replaced = tuple(signum for signum in _state.previous if signal.getsignal(signum) is not _on_signal)
+    installed = _installed()
+    with installed.lock:
+        replaced = tuple(each for each in installed.previous if signal.getsignal(each) is not _on_signal)
         for signum in replaced:
             signal.signal(signum, _on_signal)
     return replaced
@@ -266,13 +237,14 @@ def ending_delivered_to(deliver: Deliver) -> Iterator[None]:
     For code whose main thread runs an event loop; see the module docstring. Nested blocks: the
     innermost one's ``deliver`` is used.
     """
-    with _state.lock:
-        _state.deliverers.append(deliver)
+    installed = _installed()
+    with installed.lock:
+        installed.deliverers.append(deliver)
     try:
         yield
     finally:
-        with _state.lock:
-            _state.deliverers.remove(deliver)
+        with installed.lock:
+            installed.deliverers.remove(deliver)
 
 
 class _Replacements:
@@ -284,7 +256,7 @@ class _Replacements:
 
     def check(self) -> None:
         now = time.monotonic()
-        for signum in tuple(_state.previous):
+        for signum in tuple(_installed().previous):
             installed = signal.getsignal(signum)
             if installed is _on_signal:
                 self._since.pop(signum, None)
@@ -295,7 +267,7 @@ class _Replacements:
                 logger.warning("%s", _replaced_warning(signum, installed))
 
 
-def _replaced_warning(signum: int, installed: _SignalHandler) -> str:
+def _replaced_warning(signum: int, installed: SignalHandler) -> str:
     name = signal.Signals(signum).name
     if installed == signal.SIG_IGN:
         effect = "SIG_IGN: the signal is ignored, so no preemption notice is recorded"
@@ -333,7 +305,8 @@ def _watch(stop: threading.Event) -> None:
             measured = time.monotonic()
         current = notice.current_notice()
         if current is not None and current is ended and not notice.taken_over():
-            if time.monotonic() >= again_at and _state.ending is None and time.monotonic() < current.deadline:
+            now = time.monotonic()
+            if now >= again_at and _installed().ending is None and now < current.deadline:
                 # The attempt was told to end and is still running: C code that clears every
                 # pending exception swallowed the Preempted its handler raised (torch's import of
                 # numpy does, so a SIGTERM during ``import torch`` left the task running into the
@@ -344,7 +317,7 @@ def _watch(stop: threading.Event) -> None:
                 _end_attempt(notice.preempted_exit(current, detail="the task did not end when first told to"))
                 again_at = _again_at(current)
             continue
-        if current is None or current is ended or notice.taken_over() or not _state.end_main_thread:
+        if current is None or current is ended or notice.taken_over() or not _installed().end_main_thread:
             continue
         logger.warning(
             "preemption notice: %s; the task does not handle it, so it ends once the saves in "
@@ -378,8 +351,9 @@ def _again_at(current: notice.PreemptionNotice) -> float:
 
 
 def _end_attempt(ending: Preempted) -> None:
-    with _state.lock:
-        deliver = _state.deliverers[-1] if _state.deliverers else None
+    installed = _installed()
+    with installed.lock:
+        deliver = installed.deliverers[-1] if installed.deliverers else None
     if deliver is not None:
         deliver(ending)
     else:
@@ -387,10 +361,11 @@ def _end_attempt(ending: Preempted) -> None:
 
 
 def _end_main_thread(ending: Preempted) -> None:
-    signum = ending.signal if ending.signal in _state.previous else next(iter(_state.previous), None)
+    installed = _installed()
+    signum = ending.signal if ending.signal in installed.previous else next(iter(installed.previous), None)
     if signum is None:
         return
-    _state.ending = ending
-    if _state.arrivals is not None:
-        _state.arrivals.skip_next(signum)  # our own signal, not another notice
+    installed.ending = ending
+    if installed.arrivals is not None:
+        installed.arrivals.skip_next(signum)  # our own signal, not another notice
     signal.pthread_kill(threading.main_thread().ident or 0, signum)

@@ -1,8 +1,9 @@
 """The preemption notice: that this process will be killed soon, and by when.
 
 A signal handler (:mod:`.handler`) or a cloud watcher records the notice with :func:`notify`;
-everything else reads it in ordinary code. Recording only assigns a module global (no locks, no
-I/O, no logging), so it is safe at any instant of the interrupted main thread.
+everything else reads it in ordinary code. Recording only assigns one attribute of the process's
+preemption state (:data:`.state.STATE`; no locks, no I/O, no logging), so it is safe at any
+instant of the interrupted main thread.
 
 The deadline is when the SIGKILL is expected: the notice's time plus the grace period, which
 comes from the argument of whoever installed the handler, else ``FLYTE_CHECKPOINT_GRACE_SECONDS``,
@@ -18,18 +19,55 @@ import gc
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from flyte_checkpoint.errors import ConfigurationError, Preempted, PreemptionDeadlineError
+from flyte_checkpoint.preemption.state import (
+    DEFAULT_GRACE_SECONDS,
+    MAX_MARGIN_SHARE,
+    STATE,
+    PreemptionNotice,
+    safety_margin,
+)
 from flyte_checkpoint.timebounds import Deadline
 
+__all__ = [
+    "DEFAULT_GRACE_SECONDS",
+    "EXIT_BASE_SECONDS",
+    "EXIT_SECONDS_ENV",
+    "EXIT_SECONDS_PER_BLOCK",
+    "GRACE_SECONDS_ENV",
+    "MAX_LOAD_FACTOR",
+    "MAX_MARGIN_SHARE",
+    "PreemptionNotice",
+    "check_exit_seconds",
+    "check_grace_seconds",
+    "clear",
+    "current_notice",
+    "estimated_exit_seconds",
+    "exit_seconds",
+    "exit_seconds_from_env",
+    "expect_exit",
+    "grace_seconds_from_env",
+    "notify",
+    "notify_arrival",
+    "notify_signal",
+    "preempted_exit",
+    "preemption_of",
+    "refresh_load_factor",
+    "safety_margin",
+    "save_deadline",
+    "save_in_flight",
+    "saves_in_flight",
+    "stop_expecting_exit",
+    "take_over",
+    "taken_over",
+    "wait_for_saves",
+]
+
 GRACE_SECONDS_ENV = "FLYTE_CHECKPOINT_GRACE_SECONDS"
-DEFAULT_GRACE_SECONDS = 30.0
-"""Kubernetes' default ``terminationGracePeriodSeconds``: SIGTERM, then SIGKILL 30 s later."""
 EXIT_SECONDS_ENV = "FLYTE_CHECKPOINT_EXIT_SECONDS"
 """Seconds this process takes from its last save to its exit, when the estimate falls short."""
 EXIT_BASE_SECONDS = 0.05
@@ -44,44 +82,6 @@ for 137 k blocks (this package alone), 0.03-0.12 s for 457 k (the three cloud fi
 idle machine, taken twice over here. With the collection, the same exits took 0.3-5.4 s."""
 MAX_LOAD_FACTOR = 4.0
 """The most the exit estimate is stretched for a busy machine (:func:`refresh_load_factor`)."""
-MAX_MARGIN_SHARE = 0.5
-"""The most of the grace period kept free to exit: the other half stays the final save's."""
-
-
-@dataclass(frozen=True)
-class PreemptionNotice:
-    """This process was told it will be stopped: by what, when, and when the SIGKILL is due."""
-
-    source: str
-    """``"SIGTERM"``, ``"SIGUSR1"``, ... or a cloud's notice (``"aws-spot"``, ``"gce-preempted"``,
-    ``"azure-scheduled-event"``)."""
-    signal: int | None
-    """The signal number, for a signal; ``None`` for a cloud notice."""
-    received_at: float
-    """``time.monotonic()`` when the notice arrived."""
-    grace_seconds: float
-    """Seconds from the notice to the expected SIGKILL."""
-    exit_seconds: float = 0.0
-    """Seconds the process is expected to take to exit after its last save (:func:`exit_seconds`)."""
-
-    @property
-    def deadline(self) -> float:
-        """``time.monotonic()`` at which the SIGKILL is expected."""
-        return self.received_at + self.grace_seconds
-
-    def time_left(self) -> float:
-        """Seconds until the expected SIGKILL (0 once it is due)."""
-        return max(0.0, self.deadline - time.monotonic())
-
-    @property
-    def margin(self) -> float:
-        """Seconds kept free before the deadline: for the process to report and exit."""
-        return safety_margin(self.grace_seconds, self.exit_seconds)
-
-    def describe(self) -> str:
-        """E.g. ``"SIGTERM 2.1 s ago (SIGKILL expected in 27.9 s)"``."""
-        ago = time.monotonic() - self.received_at
-        return f"{self.source} {ago:.1f} s ago (SIGKILL expected in {self.time_left():.1f} s)"
 
 
 def preempted_exit(current: PreemptionNotice, *, detail: str, saved: bool | None = None) -> Preempted:
@@ -101,26 +101,12 @@ def preemption_of(failure: BaseException, account: Preempted | None = None) -> P
     for lack of time, a process the SIGTERM ended) is the preemption's doing. ``account`` is the
     attempt helper's own (:meth:`Checkpoint.preemption`, which knows whether a save committed).
     """
-    current = _notice
+    current = STATE.notice
     if current is None:
         return None
     ending = account or preempted_exit(current, detail="whether a save committed after it is not known here")
     ending.message += f"; the attempt then failed with {type(failure).__name__}: {failure}"
     return ending
-
-
-def safety_margin(grace_seconds: float, exit_seconds: float = 0.0) -> float:
-    """The time kept free before the expected SIGKILL for the process to exit after its last save.
-
-    ``exit_seconds`` (what the exit is expected to take, :func:`exit_seconds`), but at least a
-    tenth of the grace period between 0.05 and 5 seconds (never more than a quarter of it), and
-    never more than half the grace period. The exit is not free: an outside harness measured
-    0.16-0.83 s from the last commit to the exit (interpreter teardown, atexit hooks, thread
-    joins, the runner's report), and a margin of a tenth of a one-second grace period got every
-    process SIGKILLed. A larger margin costs only saves refused for lack of time, hence the cap.
-    """
-    floor = min(grace_seconds / 4, max(0.05, min(5.0, grace_seconds / 10)))
-    return min(grace_seconds * MAX_MARGIN_SHARE, max(floor, exit_seconds))
 
 
 def grace_seconds_from_env(default: float = DEFAULT_GRACE_SECONDS) -> float:
@@ -175,7 +161,7 @@ def estimated_exit_seconds() -> float:
     """What this process's exit is expected to take, from the objects it holds (interpreter
     teardown frees them one by one: torch's takes over half a second) and how busy the machine
     is. Under 0.1 ms, no I/O: safe in a signal handler."""
-    return (EXIT_BASE_SECONDS + EXIT_SECONDS_PER_BLOCK * sys.getallocatedblocks()) * _load_factor
+    return (EXIT_BASE_SECONDS + EXIT_SECONDS_PER_BLOCK * sys.getallocatedblocks()) * STATE.load_factor
 
 
 def refresh_load_factor() -> None:
@@ -183,35 +169,32 @@ def refresh_load_factor() -> None:
     CPU this process may use (the one-minute load average), between 1 and :data:`MAX_LOAD_FACTOR`.
     On a 2-CPU machine at load 12 a teardown of 0.1 s took 0.45 s. Reads ``/proc``: called
     at install and from the watcher thread, never from a signal handler."""
-    global _load_factor
     try:
         load = os.getloadavg()[0]
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     except OSError:  # no load average here: take the machine as idle
         return
-    _load_factor = min(MAX_LOAD_FACTOR, max(1.0, load / max(cpus, 1)))
+    STATE.load_factor = min(MAX_LOAD_FACTOR, max(1.0, load / max(cpus, 1)))
 
 
 def expect_exit(exit_seconds: float | None) -> None:
     """A preemption handler is installed (its process exits when preempted): notices from now on
     keep ``exit_seconds`` free to exit, or :func:`estimated_exit_seconds` at the notice for ``None``."""
-    global _exit_expected, _exit_override
-    _exit_expected, _exit_override = True, exit_seconds
+    STATE.exit_expected, STATE.exit_override = True, exit_seconds
     refresh_load_factor()
 
 
 def stop_expecting_exit() -> None:
     """The last handler was uninstalled: notices recorded without one keep only the floor."""
-    global _exit_expected, _exit_override
-    _exit_expected, _exit_override = False, None
+    STATE.exit_expected, STATE.exit_override = False, None
 
 
 def exit_seconds() -> float:
     """The exit time a notice recorded now keeps free: the configured one, else the estimate, while
     a handler is installed; 0 without one (a notice recorded by a test or a library call)."""
-    if _exit_override is not None:
-        return _exit_override
-    return estimated_exit_seconds() if _exit_expected else 0.0
+    if STATE.exit_override is not None:
+        return STATE.exit_override
+    return estimated_exit_seconds() if STATE.exit_expected else 0.0
 
 
 def check_grace_seconds(value: float | None) -> float:
@@ -226,16 +209,7 @@ def check_grace_seconds(value: float | None) -> float:
     return float(value)
 
 
-# -- the process-wide state -------------------------------------------------------------------
-
-_notice: PreemptionNotice | None = None
-_taken_over = False
-_exit_expected = False
-_exit_override: float | None = None
-_load_factor = 1.0
-_cleared_at = float("-inf")
-"""``time.monotonic()`` of the last :func:`clear`."""
-_clear_lock = threading.Lock()
+# -- the notice ------------------------------------------------------------------------------
 
 
 def notify(
@@ -246,12 +220,11 @@ def notify(
     ``received_at`` (``time.monotonic()``) is when it arrived, when that is known to be earlier
     than now (:mod:`.arrival`).
     """
-    global _notice
     arrived_at = time.monotonic() if received_at is None else received_at
     arrived = PreemptionNotice(source, signum, arrived_at, grace_seconds, exit_seconds())
-    current = _notice
+    current = STATE.notice
     if current is None or arrived.deadline < current.deadline:
-        _notice = arrived  # one assignment: atomic for every thread and for the interrupted code
+        STATE.notice = arrived  # one assignment: atomic for every thread and for the interrupted code
         return arrived
     return current
 
@@ -267,27 +240,26 @@ def notify_signal(signum: int, grace_seconds: float, *, received_at: float | Non
 
 def current_notice() -> PreemptionNotice | None:
     """The notice this process received, or ``None``."""
-    return _notice
+    return STATE.notice
 
 
 def take_over() -> None:
     """Task code reads the notice (``checkpoint.preempted``): it decides when to stop, so the
     handler's watcher no longer ends the main thread for it once saves are done."""
-    global _taken_over
-    _taken_over = True
+    STATE.taken_over = True
 
 
 def taken_over() -> bool:
-    return _taken_over
+    """Whether task code took the notice over (:func:`take_over`)."""
+    return STATE.taken_over
 
 
 def clear() -> None:
     """Forget the notice (and the take-over): a runner starting another attempt in this process."""
-    global _notice, _taken_over, _cleared_at
-    with _clear_lock:
-        _notice = None
-        _taken_over = False
-        _cleared_at = time.monotonic()
+    with STATE.clear_lock:
+        STATE.notice = None
+        STATE.taken_over = False
+        STATE.cleared_at = time.monotonic()
 
 
 def notify_arrival(signum: int, grace_seconds: float, received_at: float) -> None:
@@ -298,15 +270,15 @@ def notify_arrival(signum: int, grace_seconds: float, received_at: float) -> Non
     :func:`clear` belonged to an attempt that already ended, and is dropped. The check and the
     record are one step against :func:`clear` (never called from a signal handler).
     """
-    with _clear_lock:
-        if received_at >= _cleared_at:
+    with STATE.clear_lock:
+        if received_at >= STATE.cleared_at:
             notify_signal(signum, grace_seconds, received_at=received_at)
 
 
 def save_deadline() -> Deadline | None:
     """When a save must have committed by, or ``None`` without a notice; a save it stops raises
     :class:`PreemptionDeadlineError` (the storage layer takes it as is: ``finish_by``)."""
-    notice = _notice
+    notice = STATE.notice
     if notice is None:
         return None
     reason = (
@@ -318,49 +290,36 @@ def save_deadline() -> Deadline | None:
 
 # -- saves in flight, process-wide ------------------------------------------------------------
 
-_saves = threading.Condition()
-_in_flight = 0
-
 
 @contextmanager
 def save_in_flight() -> Iterator[None]:
     """Count the block as a save in flight (never entered from a signal handler)."""
-    global _in_flight
-    with _saves:
-        _in_flight += 1
+    saves = STATE.saves
+    with saves:
+        STATE.saves_in_flight += 1
     try:
         yield
     finally:
-        with _saves:
-            _in_flight -= 1
-            _saves.notify_all()
+        with saves:
+            STATE.saves_in_flight -= 1
+            saves.notify_all()
 
 
 def saves_in_flight() -> int:
-    return _in_flight
+    """How many saves of this process are in flight."""
+    return STATE.saves_in_flight
 
 
 def wait_for_saves(until: float) -> bool:
     """Wait until no save is in flight or ``time.monotonic()`` reaches ``until``; whether none is."""
-    with _saves:
-        while _in_flight:
+    saves = STATE.saves
+    with saves:
+        while STATE.saves_in_flight:
             left = until - time.monotonic()
             if left <= 0:
                 return False
-            _saves.wait(min(left, 0.25))
+            saves.wait(min(left, 0.25))
         return True
-
-
-def _forget_in_child() -> None:
-    """A fork child is not the task that was told: no notice, no saves of its parent in flight,
-    and a fresh lock (another thread of the parent may have held it at the fork)."""
-    global _notice, _taken_over, _saves, _in_flight, _clear_lock, _exit_expected, _exit_override
-    _notice, _taken_over = None, False
-    _exit_expected, _exit_override = False, None  # the child has the handlers of before ours
-    _saves, _in_flight, _clear_lock = threading.Condition(), 0, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _exit_quickly_after_a_notice() -> None:
@@ -375,7 +334,7 @@ def _exit_quickly_after_a_notice() -> None:
     then: only the collection is skipped, never a hook. Cyclic garbage is not finalised then,
     which the interpreter never promised at exit anyway.
     """
-    if _notice is not None:
+    if STATE.notice is not None:
         gc.freeze()
 
 

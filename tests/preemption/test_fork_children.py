@@ -76,6 +76,33 @@ SIGNALLED_CHILD_PARENT_NOTICE = textwrap.dedent(
     """
 )
 
+CHILD_OF_A_NOTIFIED_PARENT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from flyte_checkpoint.preemption import install_preemption_handler, notice
+    from flyte_checkpoint.preemption.state import STATE
+
+    with install_preemption_handler(grace_seconds=30):
+        notice.notify_signal(signal.SIGTERM, 30.0)
+        notice.take_over()
+        with notice.save_in_flight():
+            child = os.fork()
+            if child == 0:
+                fresh = (
+                    STATE.notice is None,
+                    not STATE.taken_over,
+                    STATE.saves_in_flight == 0,
+                    STATE.handler.users == 0,
+                    not STATE.handler.previous,
+                    signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+                )
+                os._exit(0 if all(fresh) else 1 + sum(1 << i for i, ok in enumerate(fresh) if not ok))
+            _, status = os.waitpid(child, 0)
+        parent = (STATE.notice is not None, STATE.handler.users)
+        print("child:", os.waitstatus_to_exitcode(status), "parent:", *parent)
+    """
+)
+
 
 def run(program: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -97,3 +124,9 @@ def test_a_process_with_a_daemon_fork_child_exits_without_hanging() -> None:
 def test_a_signal_a_fork_child_receives_is_not_a_notice_for_its_parent() -> None:
     result = run(SIGNALLED_CHILD_PARENT_NOTICE)
     assert result.stdout.strip() == "parent notice: None", result.stderr
+
+
+def test_a_fork_child_starts_with_fresh_preemption_state() -> None:
+    # No notice, take-over, saves in flight or installation of its parent's; SIGTERM as before ours.
+    result = run(CHILD_OF_A_NOTIFIED_PARENT)
+    assert result.stdout.strip() == "child: 0 parent: True 1", result.stderr

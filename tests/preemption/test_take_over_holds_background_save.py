@@ -1,6 +1,7 @@
-"""A task taking a notice over (reading ``checkpoint.preempted``) holds the older background
-upload in flight, so the final state is written and saved without it taking the cores and the
-disk; the hold ends with the next save, a wait, ``preemption()``, or after half the time left."""
+"""A task that takes the upload over after a notice (``checkpoint.hold_background_save()``) holds
+the older background upload in flight, so the final state is written and saved without it taking
+the cores and the disk; the hold ends with the next save, a wait, ``preemption()``, or after half
+the time left. Reading ``checkpoint.preempted`` alone leaves the upload as it was."""
 
 from __future__ import annotations
 
@@ -53,12 +54,34 @@ def committed_by(target: Path, give_up: float) -> float | None:
     return None
 
 
-def test_reading_preempted_after_a_notice_holds_the_background_upload_until_the_final_save(
+def assert_commits_unheld(target: Path) -> float:
+    """Poll for the upload in flight to commit to ``target`` within 3 s (a hold lasts 1.8 s or more
+    in these tests); when it did."""
+    asked_at = time.monotonic()
+    committed = committed_by(target, asked_at + 10)
+    assert committed is not None, "the upload never committed"
+    assert committed - asked_at < 3
+    return committed
+
+
+def test_reading_preempted_after_a_notice_leaves_the_background_upload_going(tmp_path: Path) -> None:
+    helper, recorder = background_save_underway(tmp_path)
+    notice.notify_signal(signal.SIGTERM, 30.0)  # a hold would last 13.5 s
+    assert helper.preempted
+    assert helper.preempted
+    read_at = time.monotonic()
+    committed = assert_commits_unheld(tmp_path / "ckpt")
+    assert recorder.writes_between(read_at, committed)
+    helper.close()
+
+
+def test_holding_the_background_save_after_a_notice_holds_the_upload_until_the_final_save(
     tmp_path: Path,
 ) -> None:
     helper, recorder = background_save_underway(tmp_path)
     notice.notify_signal(signal.SIGTERM, 30.0)
     assert helper.preempted
+    helper.hold_background_save()
     read_at = time.monotonic()
     time.sleep(0.6)
     assert recorder.writes_between(read_at + 0.15, read_at + 0.6) == []
@@ -72,7 +95,7 @@ def test_the_held_upload_resumes_and_commits_when_no_save_comes_in_half_the_time
 ) -> None:
     helper, recorder = background_save_underway(tmp_path)
     notice.notify_signal(signal.SIGTERM, 4.0)  # save deadline 3.6 s away: held for 1.8 s
-    assert helper.preempted
+    helper.hold_background_save()
     read_at = time.monotonic()
     committed = committed_by(tmp_path / "ckpt", read_at + 10)
     assert committed is not None, "the held upload never committed"
@@ -81,12 +104,12 @@ def test_the_held_upload_resumes_and_commits_when_no_save_comes_in_half_the_time
     helper.close()
 
 
-def test_the_upload_is_held_once_per_notice_however_often_preempted_is_read(tmp_path: Path) -> None:
+def test_the_upload_is_held_once_per_notice_however_often_the_hold_is_asked_for(tmp_path: Path) -> None:
     helper, _ = background_save_underway(tmp_path)
     notice.notify_signal(signal.SIGTERM, 4.0)
-    assert helper.preempted
+    helper.hold_background_save()
     time.sleep(1.9)  # the hold (1.8 s) is over
-    assert helper.preempted
+    helper.hold_background_save()
     second_read = time.monotonic()
     committed = committed_by(tmp_path / "ckpt", second_read + 10)
     assert committed is not None, "the upload never committed"
@@ -99,7 +122,7 @@ def test_a_final_save_refused_as_not_fitting_lets_the_held_upload_go_on_at_once(
 ) -> None:
     helper, _ = background_save_underway(tmp_path)
     notice.notify_signal(signal.SIGTERM, 30.0)  # held for up to 13.5 s
-    assert helper.preempted
+    helper.hold_background_save()
     # Fault injection: this helper's past saves say a save takes 100 s.
     monkeypatch.setattr(helper._saves.durations, "estimate", lambda content: (100.0, "a test's estimate"))
     with pytest.raises(PreemptionDeadlineError, match="a test's estimate"):
@@ -113,7 +136,7 @@ def test_a_final_save_refused_as_not_fitting_lets_the_held_upload_go_on_at_once(
 def test_preemption_ends_the_hold_and_reports_the_held_upload_committed(tmp_path: Path) -> None:
     helper, _ = background_save_underway(tmp_path)
     notice.notify_signal(signal.SIGTERM, 30.0)  # held for up to 13.5 s
-    assert helper.preempted
+    helper.hold_background_save()
     started = time.monotonic()
     preempted = helper.preemption()
     assert preempted.saved is True
@@ -124,7 +147,7 @@ def test_preemption_ends_the_hold_and_reports_the_held_upload_committed(tmp_path
 def test_wait_sync_ends_the_hold(tmp_path: Path) -> None:
     helper, _ = background_save_underway(tmp_path)
     notice.notify_signal(signal.SIGTERM, 30.0)
-    assert helper.preempted
+    helper.hold_background_save()
     started = time.monotonic()
     helper.wait_sync()
     assert time.monotonic() - started < 5
@@ -136,8 +159,20 @@ def test_time_left_does_not_hold_the_background_upload(tmp_path: Path) -> None:
     helper, _ = background_save_underway(tmp_path)
     notice.notify_signal(signal.SIGTERM, 30.0)
     assert helper.time_left() is not None
-    read_at = time.monotonic()
-    committed = committed_by(tmp_path / "ckpt", read_at + 10)
-    assert committed is not None
-    assert committed - read_at < 3
+    assert_commits_unheld(tmp_path / "ckpt")
     helper.close()
+
+
+def test_holding_the_background_save_before_a_notice_does_nothing(tmp_path: Path) -> None:
+    helper, _ = background_save_underway(tmp_path)
+    helper.hold_background_save()
+    assert_commits_unheld(tmp_path / "ckpt")
+    helper.close()
+
+
+def test_holding_the_background_save_tells_the_handler_the_task_handles_the_notice(tmp_path: Path) -> None:
+    helper = Checkpoint(tmp_path / "ckpt")
+    notice.notify_signal(signal.SIGTERM, 30.0)
+    assert not notice.taken_over()
+    helper.hold_background_save()
+    assert notice.taken_over()
