@@ -26,10 +26,15 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import _worker  # next to this file; stdlib-only at module level
+if TYPE_CHECKING:
+    from benchmarks import _worker
+else:
+    # Run by path, possibly under the reference's virtual environment: only this directory is on
+    # sys.path (never the repo root, whose flyte_checkpoint would shadow the installed one).
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import _worker  # stdlib-only at module level
 
 MIB = 1 << 20
 PART_BYTES = 8 * MIB

@@ -66,7 +66,7 @@ PRELOAD = (
     "torch",
     "torch._dynamo",  # imported by the first optimizer built: 2-3 s of the cold start here
     "flyte_checkpoint",
-    "flyte_checkpoint.storage.s3",
+    "flyte_checkpoint.storage.stores.s3",
     "flyte",
     "flyte.io",
     __name__,

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report
-import s3server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks import s3server
+from benchmarks.lib.report import add_json_out, log, write_json_out
 
 REPO = Path(__file__).resolve().parent.parent
 STORE_CLIENTS = ("s3fs", "gcsfs", "adlfs")
@@ -70,10 +70,6 @@ saved = time.perf_counter()
 print(json.dumps({"import_s": imported - started, "construct_s": constructed - imported,
                   "save_s": saved - constructed, "total_s": saved - started, "clients": []}))
 """
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def run_program(program: str, arguments: list[str]) -> dict[str, Any]:
@@ -159,7 +155,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--install-server", action="store_true", help="npm ci s3rver first if needed")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    _report.add_json_out(parser)
+    add_json_out(parser)
     return parser.parse_args(argv)
 
 
@@ -181,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
-    _report.write_json_out(args.json_out, "cold_start.py", argv, report)
+    write_json_out(args.json_out, "cold_start.py", argv, report)
     return 0
 
 

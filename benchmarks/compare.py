@@ -12,49 +12,51 @@ Without the reference the script prints our figures only.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import fnmatch
 import importlib
 import json
 import os
-import platform
-import random
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
-import _report  # this directory is on sys.path when the script runs
-from _worker import tree_digest
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks._worker import tree_digest
+from benchmarks.lib.data import (
+    DATA_ROOT,
+    MIB,
+    Dataset,
+    make_bytes_dataset,
+    make_dir_dataset,
+    make_file_dataset,
+    new_run_dir,
+    remove,
+)
+from benchmarks.lib.processes import terminate_as_interrupt
+from benchmarks.lib.report import add_json_out, describe_machine, log, print_table, write_json_out
+from benchmarks.lib.workers import (
+    REFERENCE_REQUIREMENT,
+    REFERENCE_VENV,
+    Runner,
+    Storage,
+    WorkerError,
+    find_ours,
+    find_reference,
+    object_name,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-WORKER = HERE / "_worker.py"
-DATA_ROOT = HERE / ".data"
-REFERENCE_VENV = HERE / ".venv-reference"
-REFERENCE_REQUIREMENT = "flyte==2.12.1"
-REFERENCE_VERSION = "2.12.1"
 
-MIB = 1 << 20
-BIG_FILE_BYTES = 48 * MIB
-TEXT_FILES = 200
-PAYLOAD_BYTES = 1024
-DATA_FORMAT_VERSION = 1
-SEED = 20240601
 
 SMOKE_SIZE_MIB = 8
 DEFAULT_S3_SIZE_MIB = 128
 DEFAULT_BYTES_REPS = 20
-WORKER_TIMEOUT_S = 1800
 
 # Targets (see the issue): thresholds on ratios of medians.
 DIR_SAVE_SPEEDUP = 10.0
@@ -67,285 +69,6 @@ BLOCKED_FRACTION = 0.10
 
 KINDS = ("bytes", "file", "dir")
 MODES = ("sync", "async")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: deterministic, cached under benchmarks/.data
-# ---------------------------------------------------------------------------------------------
-
-
-def _random_bytes(rng: random.Random, size: int) -> bytes:
-    return rng.randbytes(size)
-
-
-def _text_pool(rng: random.Random, size: int) -> bytes:
-    """Seeded JSON-lines and prose-like text, about as compressible as logs and configs."""
-    syllables = ["ka", "lo", "mi", "ne", "ru", "ta", "si", "vo", "de", "pa", "ex", "ion", "ter", "al"]
-    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
-    lines: list[str] = []
-    total = 0
-    step = 0
-    while total < size:
-        step += 1
-        if rng.random() < 0.6:
-            record = {
-                "step": step,
-                "loss": round(rng.uniform(0.01, 4.0), 6),
-                "lr": round(rng.uniform(1e-6, 1e-3), 9),
-                "tokens": " ".join(rng.choices(words, k=rng.randint(4, 16))),
-                "grad_norm": round(rng.gauss(1.0, 0.3), 5),
-            }
-            line = json.dumps(record)
-        else:
-            line = " ".join(rng.choices(words, k=rng.randint(6, 24))).capitalize() + "."
-        lines.append(line)
-        total += len(line) + 1
-    return ("\n".join(lines) + "\n").encode()[:size]
-
-
-@dataclass
-class Dataset:
-    """One generated input: its path, content size and tree digest."""
-
-    kind: str
-    path: Path
-    size_bytes: int
-    digest: str
-    files: int
-
-
-def _manifest_ok(manifest: Path, expected: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        recorded: dict[str, Any] = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        return None
-    if all(recorded.get(key) == value for key, value in expected.items()):
-        return recorded
-    return None
-
-
-def new_run_dir(name: str) -> Path:
-    """A fresh directory of this run's own under ``DATA_ROOT`` (``name-pid-random``)."""
-    DATA_ROOT.mkdir(parents=True, exist_ok=True)
-    run_dir = DATA_ROOT / f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    run_dir.mkdir()
-    return run_dir
-
-
-@contextlib.contextmanager
-def _data_lock() -> Iterator[None]:
-    """Serialise checking and generating data between concurrent runs (e.g. two smoke tests)."""
-    DATA_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(DATA_ROOT / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _write_dataset(
-    kind: str, target: Path, expected: dict[str, Any], build: Callable[[Path], None]
-) -> Dataset:
-    with _data_lock():
-        return _write_dataset_locked(kind, target, expected, build)
-
-
-def _write_dataset_locked(
-    kind: str, target: Path, expected: dict[str, Any], build: Callable[[Path], None]
-) -> Dataset:
-    manifest = target.with_name(target.name + ".json")
-    recorded = _manifest_ok(manifest, expected)
-    if recorded is not None and target.exists():
-        return Dataset(kind, target, recorded["size_bytes"], recorded["digest"], recorded["files"])
-    log(f"generating {kind} data at {target} ...")
-    started = time.perf_counter()
-    manifest.unlink(missing_ok=True)
-    _remove(target)
-    partial = target.with_name(target.name + ".partial")
-    _remove(partial)
-    build(partial)
-    partial.rename(target)
-    size, files = _content_size(target)
-    digest = tree_digest(target)
-    manifest.write_text(json.dumps({**expected, "size_bytes": size, "digest": digest, "files": files}))
-    log(f"  {size / MIB:.1f} MiB in {files} file(s), {time.perf_counter() - started:.1f} s")
-    return Dataset(kind, target, size, digest, files)
-
-
-def make_dir_dataset(size_mib: int) -> Dataset:
-    """A model-checkpoint-like tree: 48 MiB random shards plus ~200 text/JSON files, nested."""
-    total = size_mib * MIB
-    big_count = max(1, round(total * 0.75 / BIG_FILE_BYTES))
-    big_size = min(BIG_FILE_BYTES, int(total * 0.75) // big_count)
-    text_total = max(TEXT_FILES * 64, total - big_count * big_size)
-    expected = {"format": DATA_FORMAT_VERSION, "seed": SEED, "size_mib": size_mib, "kind": "dir"}
-
-    def build(root: Path) -> None:
-        rng = random.Random(SEED)
-        weights = root / "model"
-        weights.mkdir(parents=True)
-        for index in range(big_count):
-            name = f"model-{index + 1:05d}-of-{big_count:05d}.safetensors"
-            (weights / name).write_bytes(_random_bytes(rng, big_size))
-        pool = _text_pool(rng, min(8 * MIB, max(64 * 1024, text_total)))
-        shares = [rng.uniform(0.2, 1.8) for _ in range(TEXT_FILES)]
-        scale = text_total / sum(shares)
-        sizes = [max(64, int(share * scale)) for share in shares]
-        sizes[-1] += text_total - sum(sizes)
-        layout = [
-            ("config", "json"),
-            ("tokenizer", "json"),
-            ("optimizer/state", "json"),
-            ("logs/train", "jsonl"),
-            ("logs/eval", "jsonl"),
-            ("notes", "txt"),
-        ]
-        for index, file_size in enumerate(sizes):
-            folder, suffix = layout[index % len(layout)]
-            directory = root / folder / f"group-{index % 7:02d}" / f"part-{index % 3}"
-            directory.mkdir(parents=True, exist_ok=True)
-            offset = rng.randrange(len(pool))
-            content = bytearray()
-            while len(content) < file_size:
-                content += pool[offset : offset + file_size - len(content)]
-                offset = 0
-            (directory / f"file-{index:03d}.{suffix}").write_bytes(bytes(content))
-        (root / "config.json").write_text(json.dumps({"shards": big_count, "seed": SEED}, indent=2))
-
-    return _write_dataset("dir", DATA_ROOT / f"dir-{size_mib}mib", expected, build)
-
-
-def make_file_dataset(size_mib: int) -> Dataset:
-    """One large incompressible file (like a single weights file)."""
-    expected = {"format": DATA_FORMAT_VERSION, "seed": SEED, "size_mib": size_mib, "kind": "file"}
-
-    def build(path: Path) -> None:
-        rng = random.Random(SEED + 1)
-        with open(path, "wb") as out:
-            remaining = size_mib * MIB
-            while remaining:
-                chunk = min(remaining, 64 * MIB)
-                out.write(_random_bytes(rng, chunk))
-                remaining -= chunk
-
-    return _write_dataset("file", DATA_ROOT / f"file-{size_mib}mib.bin", expected, build)
-
-
-def make_bytes_dataset() -> Dataset:
-    expected = {"format": DATA_FORMAT_VERSION, "seed": SEED, "size_bytes": PAYLOAD_BYTES, "kind": "bytes"}
-
-    def build(path: Path) -> None:
-        path.write_bytes(random.Random(SEED + 2).randbytes(PAYLOAD_BYTES))
-
-    return _write_dataset("bytes", DATA_ROOT / "payload-1kib.bin", expected, build)
-
-
-def _content_size(root: Path) -> tuple[int, int]:
-    if root.is_file():
-        return root.stat().st_size, 1
-    files = [path for path in root.rglob("*") if path.is_file()]
-    return sum(path.stat().st_size for path in files), len(files)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Interpreters
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Interpreter:
-    name: str
-    python: str | None
-    version: str | None = None
-    reason: str | None = None
-
-    @property
-    def available(self) -> bool:
-        return self.python is not None
-
-
-def _probe(python: str, code: str) -> str | None:
-    try:
-        done = subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(HERE)
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def find_ours() -> Interpreter:
-    code = "import flyte_checkpoint; print(flyte_checkpoint.__version__)"
-    for python in (sys.executable, str(REPO / ".venv" / "bin" / "python")):
-        if Path(python).exists() and (version := _probe(python, code)):
-            return Interpreter("ours", python, version)
-    raise SystemExit("cannot import flyte_checkpoint: run from the project's venv (pip install -e .)")
-
-
-def _reference_python() -> Path:
-    return REFERENCE_VENV / "bin" / "python"
-
-
-def find_reference(install: bool, wanted: bool) -> Interpreter:
-    if not wanted:
-        return Interpreter("reference", None, reason="not requested (--no-reference, or --smoke)")
-    code = "import flyte, importlib.metadata as m; print(m.version('flyte'))"
-    python = _reference_python()
-    version = _probe(str(python), code) if python.exists() else None
-    if install and version != REFERENCE_VERSION:
-        failure = install_reference()
-        if failure:
-            return Interpreter("reference", None, reason=failure)
-        version = _probe(str(python), code)
-    if version is None:
-        reason = (
-            f"{REFERENCE_VENV} cannot import flyte"
-            if python.exists()
-            else f"not installed (run with --install-reference to create {REFERENCE_VENV})"
-        )
-        return Interpreter("reference", None, reason=reason)
-    interpreter = Interpreter("reference", str(python), version)
-    if version != REFERENCE_VERSION:
-        interpreter.reason = f"flyte {version} installed, figures were specified for {REFERENCE_VERSION}"
-    return interpreter
-
-
-def install_reference() -> str | None:
-    """Create the cached venv and install the reference SDK; return why it failed, or None."""
-    log(f"installing {REFERENCE_REQUIREMENT} into {REFERENCE_VENV} ...")
-    steps = [
-        [sys.executable, "-m", "venv", str(REFERENCE_VENV)],
-        [
-            str(_reference_python()),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            REFERENCE_REQUIREMENT,
-        ],
-    ]
-    for step in steps:
-        try:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"`{' '.join(step)}` failed: {exc}"
-        if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-            return f"`{' '.join(step)}` exited {done.returncode}: {tail}"
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,90 +159,14 @@ class Physical:
         }
 
 
-@dataclass
-class Storage:
-    """Where objects go: local disk under the run directory, or a bucket on the S3 server."""
-
-    name: str
-    base: str
-    storage_options: dict[str, Any] | None = None
-    env: dict[str, str] = field(default_factory=dict)
-
-    def uri(self, impl: str, name: str) -> str:
-        return f"{self.base}/{impl}/{name}"
-
-
-class Runner:
-    """Runs worker processes and physical references inside one private run directory."""
-
-    def __init__(self, run_dir: Path, interpreters: dict[str, Interpreter]) -> None:
-        self.run_dir = run_dir
-        self.tmp = run_dir / "tmp"
-        self.interpreters = interpreters
-        self.produced: set[tuple[str, str, str]] = set()
-
-    def _fresh_tmp(self) -> None:
-        _remove(self.tmp)
-        self.tmp.mkdir(parents=True)
-
-    def worker(self, impl: str, spec: dict[str, Any], storage: Storage) -> dict[str, Any]:
-        python = self.interpreters[impl].python
-        assert python is not None
-        self._fresh_tmp()
-        env = {**os.environ, **storage.env, "TMPDIR": str(self.tmp)}
-        if impl != "ours":
-            # The reference must not import this checkout. Ours keeps the caller's PYTHONPATH: a
-            # worktree sharing another checkout's venv (an editable install) measures its own code.
-            env.pop("PYTHONPATH", None)
-        spec = {**spec, "impl": impl, "storage_options": storage.storage_options}
-        os.sync()  # settle dirty pages left by the previous run (the reference does not fsync)
-        try:
-            done = subprocess.run(
-                [python, str(WORKER), json.dumps(spec)],
-                capture_output=True,
-                text=True,
-                timeout=WORKER_TIMEOUT_S,
-                env=env,
-                cwd=str(self.run_dir),
-            )
-        finally:
-            _remove(self.tmp)
-        lines = done.stdout.strip().splitlines()
-        try:
-            result: dict[str, Any] = json.loads(lines[-1]) if lines else {}
-        except ValueError:
-            result = {}
-        if done.returncode != 0 or not result or "error" in result:
-            message = result.get("error") or f"worker exited {done.returncode}"
-            detail = result.get("traceback") or done.stderr[-2000:]
-            raise WorkerError(f"{impl} {spec['op']}-{spec['kind']}-{spec['mode']}: {message}\n{detail}")
-        return result
-
-    def timed_command(self, command: Sequence[str], before: Callable[[], None] | None = None) -> float:
-        if before is not None:
-            before()
-        os.sync()
-        started = time.perf_counter()
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        return time.perf_counter() - started
-
-
-class WorkerError(RuntimeError):
-    pass
-
-
 def _matches(name: str, patterns: list[str]) -> bool:
     if not patterns:
         return True
     return any(fnmatch.fnmatchcase(name, pattern) or pattern in name for pattern in patterns)
 
 
-def _object_name(kind: str) -> str:
-    return {"dir": "dir.tar.gz", "file": "file.bin", "bytes": "payload.bin"}[kind]
-
-
 def _spec(op: str, kind: str, mode: str, data: Dataset, storage: Storage, impl: str) -> dict[str, Any]:
-    uri = storage.uri(impl, _object_name(kind))
+    uri = storage.uri(impl, object_name(kind))
     return {
         "op": op,
         "kind": kind,
@@ -575,7 +222,7 @@ def measure_storage(
                     if op == "load":
                         ensure_object(runner, storage, impl, kind, data)
                     elif storage.name == "local":
-                        _remove(Path(spec["dest"]))
+                        remove(Path(spec["dest"]))
                     result = runner.worker(impl, spec, storage)
                 except WorkerError as exc:
                     measurement.error = str(exc).splitlines()[0]
@@ -647,7 +294,7 @@ def measure_physical(
             tar_cf.times.append(
                 runner.timed_command(
                     ["tar", "-cf", str(tar_path), "-C", str(directory.path), "."],
-                    lambda: _remove(tar_path),
+                    lambda: remove(tar_path),
                 )
             )
             tar_cf_sync.times.append(
@@ -660,23 +307,23 @@ def measure_physical(
                         str(tar_path),
                         str(directory.path),
                     ],
-                    lambda: _remove(tar_path),
+                    lambda: remove(tar_path),
                 )
             )
 
             def fresh_extract() -> None:
-                _remove(extract)
+                remove(extract)
                 extract.mkdir()
 
             tar_xf.times.append(
                 runner.timed_command(["tar", "-xf", str(tar_path), "-C", str(extract)], fresh_extract)
             )
             cp_r.times.append(
-                runner.timed_command(["cp", "-r", str(directory.path), str(copy)], lambda: _remove(copy))
+                runner.timed_command(["cp", "-r", str(directory.path), str(copy)], lambda: remove(copy))
             )
-        _remove(tar_path)
-        _remove(extract)
-        _remove(copy)
+        remove(tar_path)
+        remove(extract)
+        remove(copy)
         results.extend([tar_cf, tar_cf_sync, tar_xf, cp_r])
     single = datasets.get("file")
     if single is not None and (_matches("save-file-sync", patterns) or _matches("load-file-sync", patterns)):
@@ -685,15 +332,15 @@ def measure_physical(
         cp_sync = Physical("cp + sync (file)", single.size_bytes)
         for _ in range(runs):
             cp.times.append(
-                runner.timed_command(["cp", str(single.path), str(target)], lambda: _remove(target))
+                runner.timed_command(["cp", str(single.path), str(target)], lambda: remove(target))
             )
             cp_sync.times.append(
                 runner.timed_command(
                     ["sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", str(single.path), str(target)],
-                    lambda: _remove(target),
+                    lambda: remove(target),
                 )
             )
-        _remove(target)
+        remove(target)
         results.extend([cp, cp_sync])
     for physical in results:
         log(f"{physical.name}: median {statistics.median(physical.times):.3f} s")
@@ -712,9 +359,9 @@ def check_compat(
     directory = datasets.get("dir")
     if directory is not None and storage.name == "local":
         ensure_object(runner, storage, "ours", "dir", directory)
-        ours_object = Path(storage.uri("ours", _object_name("dir")))
+        ours_object = Path(storage.uri("ours", object_name("dir")))
         extract = runner.run_dir / "compat-extract"
-        _remove(extract)
+        remove(extract)
         extract.mkdir()
         done = subprocess.run(
             ["tar", "-xzf", str(ours_object), "-C", str(extract)], capture_output=True, text=True
@@ -727,7 +374,7 @@ def check_compat(
                 "detail": done.stderr.strip()[-300:] if done.returncode else "",
             }
         )
-        _remove(extract)
+        remove(extract)
     if "reference" in impls:
         for kind in ("dir", "file"):
             data = datasets.get(kind)
@@ -903,16 +550,6 @@ def _fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{unit}"
 
 
-def _table(rows: list[list[str]], header: list[str], out: TextIO) -> None:
-    if not rows:
-        return
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)) + " |", file=out)
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|", file=out)
-    for row in rows:
-        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)) + " |", file=out)
-
-
 def _met(value: bool | None) -> str:
     return "n/a" if value is None else ("yes" if value else "NO")
 
@@ -988,7 +625,7 @@ def print_report(
         "median / ours median (in brackets: of the minima); above 1 means we are faster",
         file=out,
     )
-    _table(rows, ["operation", "ours min / med", "reference min / med", "ratio", "target", "met?"], out)
+    print_table(rows, ["operation", "ours min / med", "reference min / med", "ratio", "target", "met?"], out)
 
     detail: list[list[str]] = []
     for m in measurements:
@@ -1013,7 +650,7 @@ def print_report(
         "the CPUs)",
         file=out,
     )
-    _table(
+    print_table(
         detail,
         [
             "operation",
@@ -1030,7 +667,7 @@ def print_report(
     )
     if report["physical"]:
         print("\nphysical references (same data, same disk)", file=out)
-    _table(
+    print_table(
         [
             [
                 p["name"],
@@ -1055,7 +692,7 @@ def print_report(
             file=out,
         )
     print("\ntargets", file=out)
-    _table(
+    print_table(
         [
             [t.name, "-" if t.value is None else f"{t.value:.3g}", t.threshold, _met(t.met), t.detail]
             for t in targets
@@ -1081,36 +718,6 @@ def _pair(m: Measurement | None) -> str:
 # ---------------------------------------------------------------------------------------------
 # Machine description
 # ---------------------------------------------------------------------------------------------
-
-
-def describe_machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    memory = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory = f"{int(line.split()[1]) / (1 << 20):.1f} GiB RAM"
-                break
-    filesystem = "?"
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run(
-            ["df", "-hT", str(DATA_ROOT)], capture_output=True, text=True, timeout=10, check=True
-        )
-        last = done.stdout.strip().splitlines()[-1].split()
-        filesystem = f"{last[0]} ({last[1]}, {last[2]} total)"
-    return {
-        "cpu": cpu,
-        "nproc": os.cpu_count(),
-        "memory": memory,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "filesystem": filesystem,
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1149,7 +756,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated operation names or globs, e.g. 'save-dir-*,load-file-sync' or 'dir'",
     )
     parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
-    _report.add_json_out(parser)
+    add_json_out(parser)
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -1191,30 +798,16 @@ def _datasets_for(size_mib: int, file_mib: int, patterns: list[str], prefix: str
     return datasets
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt, so cleanup runs when CI or a user stops the script."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     patterns = [p.strip() for p in args.only.split(",") if p.strip()]
     out = sys.stderr if args.json else sys.stdout
     run_dir = new_run_dir("run")
-    with _terminate_as_interrupt():
+    with terminate_as_interrupt():
         try:
             return _main(args, patterns, out, run_dir, argv)
         finally:
-            _remove(run_dir)
+            remove(run_dir)
 
 
 def _main(
@@ -1253,7 +846,7 @@ def _main(
 
     targets = evaluate_targets(measurements, physical, compat, reference.available)
     report: dict[str, Any] = {
-        "machine": describe_machine(),
+        "machine": describe_machine(DATA_ROOT),
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "config": {
             "size_mib": args.size_mib,
@@ -1285,7 +878,7 @@ def _main(
     print_report(report, measurements, targets, out)
     if args.json:
         print(json.dumps(report, indent=2))
-    _report.write_json_out(args.json_out, "benchmarks/compare.py", argv, report)
+    write_json_out(args.json_out, "benchmarks/compare.py", argv, report)
     errors = [m for m in measurements if m.error and m.impl == "ours"]
     return 1 if errors else 0
 

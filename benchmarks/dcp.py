@@ -31,7 +31,6 @@ import queue
 import random
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _report  # next to this file
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks.lib.data import DATA_ROOT
+from benchmarks.lib.processes import free_port
+from benchmarks.lib.report import add_json_out, describe_machine, write_json_out
 
 REPO = Path(__file__).resolve().parents[1]
 TENSORS = 16
@@ -192,12 +194,6 @@ def _context() -> Any:
     return context
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def launch(
     task: dict[str, Any], *, kill_window: float | None = None, chooser: random.Random | None = None
 ) -> dict[int, Any]:
@@ -205,7 +201,7 @@ def launch(
     after rank 0 says the save started. Returns each rank's result or error text."""
     context = _context()
     answers = context.Queue()
-    port = _free_port()
+    port = free_port()
     processes = [
         context.Process(target=_rank_main, args=(rank, WORLD, port, task, answers)) for rank in range(WORLD)
     ]
@@ -331,12 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-trials", type=int, default=0, help="kill trials per layer, local disk")
     parser.add_argument("--kill-mib", type=int, default=64)
     parser.add_argument("--dir", help="where local checkpoints go (default: a temporary directory)")
-    _report.add_json_out(parser)
+    add_json_out(parser)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    compare = importlib.import_module("compare")  # only the parent needs it, not each rank
     report: dict[str, Any] = {
-        "machine": compare.describe_machine(),
+        "machine": describe_machine(DATA_ROOT),
         "load_average": {"start": os.getloadavg()[0]},
         "config": {
             "world": WORLD,
@@ -385,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     report["load_average"]["end"] = os.getloadavg()[0]
-    _report.write_json_out(args.json_out, "benchmarks/dcp.py", argv, report)
+    write_json_out(args.json_out, "benchmarks/dcp.py", argv, report)
     return 0
 
 

@@ -31,7 +31,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks.lib.processes import free_port
 
 HERE = Path(__file__).resolve().parent
 FEATURES = ("inplace", "fork", "cpu")
@@ -63,12 +65,6 @@ class Harness:
     findings: list[str] = field(default_factory=list)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _s3_client(endpoint: str) -> Any:
     import boto3  # type: ignore[import-untyped]  # moto's dependency
 
@@ -78,7 +74,7 @@ def _s3_client(endpoint: str) -> Any:
 
 
 def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-p", str(port)],
         stdout=subprocess.DEVNULL,

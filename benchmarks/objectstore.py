@@ -28,18 +28,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report
-import compare  # next to this file
-import netshape
-import s3server
-from _targets import Check, print_targets
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks import netshape, s3server
+from benchmarks.lib.data import (
+    DATA_ROOT,
+    Dataset,
+    make_bytes_dataset,
+    make_dir_dataset,
+    make_file_dataset,
+    new_run_dir,
+    remove,
+)
+from benchmarks.lib.processes import terminate_as_interrupt
+from benchmarks.lib.report import add_json_out, describe_machine, log, print_table, write_json_out
+from benchmarks.lib.targets import Check, print_targets
+from benchmarks.lib.workers import (
+    Interpreter,
+    Runner,
+    Storage,
+    WorkerError,
+    find_ours,
+    find_reference,
+    object_name,
+)
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
 
-# compare.Runner runs compare.WORKER; ours wraps _worker.py with the proxy mark and boto3.
-compare.WORKER = HERE / "_objectstore_worker.py"
+# The workers wrap _worker.py with the proxy mark and boto3.
+WORKER = HERE / "_objectstore_worker.py"
 
 OPS = ("save-file", "save-dir", "save-bytes", "load-file", "load-dir", "load-bytes")
 CLIENTS = ("ours", "reference", "boto3")
@@ -52,10 +69,6 @@ LINE_FRACTION = 0.70
 LINE_CONNECTIONS = (8, 16)
 RSS_LIMIT_MIB = 200.0
 EMULATORS = {"gcs": "fake-gcs-server", "azure": "Azurite"}
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -134,12 +147,12 @@ def line_mib_s(rate: float, connections: int | None) -> float:
 class Target:
     """A server reached through the proxy: the storage the workers use."""
 
-    storage: compare.Storage
+    storage: Storage
     server_name: str
-    direct: compare.Storage  # the same bucket without the proxy (for the ceiling)
+    direct: Storage  # the same bucket without the proxy (for the ceiling)
 
 
-def _s3_storage(server: s3server.S3Server, endpoint: str, extra: dict[str, Any]) -> compare.Storage:
+def _s3_storage(server: s3server.S3Server, endpoint: str, extra: dict[str, Any]) -> Storage:
     options = {
         "key": server.key,
         "secret": server.secret,
@@ -153,7 +166,7 @@ def _s3_storage(server: s3server.S3Server, endpoint: str, extra: dict[str, Any])
         "AWS_REGION": s3server.REGION,
         "AWS_DEFAULT_REGION": s3server.REGION,
     }
-    return compare.Storage("s3", f"s3://{server.bucket}", storage_options=options, env=env)
+    return Storage("s3", f"s3://{server.bucket}", storage_options=options, env=env)
 
 
 def _our_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -203,8 +216,8 @@ def emulator_target(args: argparse.Namespace, run_dir: Path) -> Iterator[tuple[T
             env = _replace_endpoint(server.env, server.endpoint, proxy.endpoint)
             env["NETSHAPE_MARK_PORT"] = str(proxy.mark_port)
             base = server.url(bucket)
-            storage = compare.Storage(args.backend, base.rstrip("/"), storage_options=options, env=env)
-            direct = compare.Storage(args.backend, base.rstrip("/"), storage_options=server.storage_options)
+            storage = Storage(args.backend, base.rstrip("/"), storage_options=options, env=env)
+            direct = Storage(args.backend, base.rstrip("/"), storage_options=server.storage_options)
             yield Target(storage, EMULATORS[args.backend], direct), proxy
     finally:
         server.stop()
@@ -219,9 +232,9 @@ def _kind(op: str) -> str:
     return op.split("-", 1)[1]
 
 
-def _spec(op: str, client: str, data: compare.Dataset, storage: compare.Storage, reps: int) -> dict[str, Any]:
+def _spec(op: str, client: str, data: Dataset, storage: Storage, reps: int) -> dict[str, Any]:
     action, kind = op.split("-", 1)
-    name = f"{client}/{compare._object_name(kind)}"
+    name = f"{client}/{object_name(kind)}"
     return {
         "op": action,
         "kind": kind,
@@ -237,10 +250,10 @@ def _spec(op: str, client: str, data: compare.Dataset, storage: compare.Storage,
 
 
 def measure(
-    runner: compare.Runner,
+    runner: Runner,
     target: Target,
     proxy: netshape.ShapedProxy,
-    datasets: dict[str, compare.Dataset],
+    datasets: dict[str, Dataset],
     clients: list[str],
     ops: list[str],
     args: argparse.Namespace,
@@ -268,7 +281,7 @@ def measure(
                         produced.add((client, kind))
                     proxy.reset()
                     figures = runner.worker(client, spec, target.storage)
-                except compare.WorkerError as exc:
+                except WorkerError as exc:
                     result.error = str(exc).splitlines()[0]
                     log(f"  FAILED: {exc}")
                     break
@@ -286,14 +299,14 @@ def measure(
     return results
 
 
-def measure_ceiling(runner: compare.Runner, target: Target, data: compare.Dataset) -> dict[str, Any] | None:
+def measure_ceiling(runner: Runner, target: Target, data: Dataset) -> dict[str, Any] | None:
     """The S3 server's unshaped speed, with boto3 straight to it (no proxy)."""
     spec = _spec("save-file", "boto3", data, target.direct, 1)
     spec["op"] = "ceiling"
     spec["dest"] = f"{target.direct.base}/ceiling/{uuid.uuid4().hex[:8]}.bin"
     try:
         return runner.worker("boto3", spec, target.direct)
-    except compare.WorkerError as exc:
+    except WorkerError as exc:
         log(f"ceiling FAILED: {exc}")
         return {"error": str(exc).splitlines()[0]}
 
@@ -423,7 +436,7 @@ def _print_results(report: dict[str, Any], results: list[Result], out: TextIO) -
                 result.error or "",
             ]
         )
-    compare._table(
+    print_table(
         rows,
         [
             "operation",
@@ -488,7 +501,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ceiling", action="store_true", help="skip the server's unshaped ceiling")
     parser.add_argument("--ceiling-only", action="store_true", help="only the server's unshaped ceiling")
     parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
-    _report.add_json_out(parser)
+    add_json_out(parser)
     args = parser.parse_args(argv)
     args.clients = [c for c in args.clients.split(",") if c]
     args.ops = [o for o in args.ops.split(",") if o]
@@ -506,32 +519,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    run_dir = compare.new_run_dir("objectstore")
-    with compare._terminate_as_interrupt():
+    run_dir = new_run_dir("objectstore")
+    with terminate_as_interrupt():
         try:
             return _main(args, run_dir, out, argv)
         finally:
-            compare._remove(run_dir)
+            remove(run_dir)
 
 
 def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[str] | None) -> int:
     load_start = os.getloadavg()[0]
-    ours = compare.find_ours()
-    reference = compare.find_reference(args.install_reference, "reference" in args.clients)
+    ours = find_ours()
+    reference = find_reference(args.install_reference, "reference" in args.clients)
     clients = list(args.clients)
     if "reference" in clients and not reference.available:
         log(f"reference SDK unavailable: {reference.reason}")
         clients.remove("reference")
-    boto3_python = compare.Interpreter("boto3", ours.python, "boto3")
-    runner = compare.Runner(run_dir, {"ours": ours, "reference": reference, "boto3": boto3_python})
-    datasets: dict[str, compare.Dataset] = {}
+    boto3_python = Interpreter("boto3", ours.python, "boto3")
+    runner = Runner(run_dir, {"ours": ours, "reference": reference, "boto3": boto3_python}, WORKER)
+    datasets: dict[str, Dataset] = {}
     kinds = {_kind(op) for op in args.ops} | ({"file"} if not args.no_ceiling else set())
     if "file" in kinds:
-        datasets["file"] = compare.make_file_dataset(args.size_mib)
+        datasets["file"] = make_file_dataset(args.size_mib)
     if "dir" in kinds:
-        datasets["dir"] = compare.make_dir_dataset(args.size_mib)
+        datasets["dir"] = make_dir_dataset(args.size_mib)
     if "bytes" in kinds:
-        datasets["bytes"] = compare.make_bytes_dataset()
+        datasets["bytes"] = make_bytes_dataset()
 
     start = s3_target if args.backend == "s3" else emulator_target
     with start(args, run_dir) as (target, proxy):
@@ -542,7 +555,7 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[s
         server_name = target.server_name
     checks = evaluate(results, args.rate_mib)
     report: dict[str, Any] = {
-        "machine": compare.describe_machine(),
+        "machine": describe_machine(DATA_ROOT),
         "load_average": {"start": load_start, "end": os.getloadavg()[0]},
         "server": server_name,
         "config": {
@@ -564,7 +577,7 @@ def _main(args: argparse.Namespace, run_dir: Path, out: TextIO, argv: Sequence[s
     print_report(report, results, checks, out)
     if args.json:
         print(json.dumps(report, indent=2))
-    _report.write_json_out(args.json_out, "benchmarks/objectstore.py", argv, report)
+    write_json_out(args.json_out, "benchmarks/objectstore.py", argv, report)
     return 1 if any(r.error for r in results if r.client == "ours") else 0
 
 

@@ -55,7 +55,6 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import uuid
 import zlib
@@ -66,18 +65,19 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TextIO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _preemption_trainer as trainer  # next to this file; stdlib-only at module level
-import _report
-import compare
-import netshape
-import s3server
-from _targets import Check, print_targets
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks` is a package
+from benchmarks import _preemption_trainer as trainer  # stdlib-only at module level
+from benchmarks import netshape, s3server
+from benchmarks.lib import report as reporting
+from benchmarks.lib.attempts import HarnessError, Processes, tail, wait_for_event
+from benchmarks.lib.data import DATA_ROOT, new_run_dir, remove
+from benchmarks.lib.processes import group_members, terminate_as_interrupt, wait_until
+from benchmarks.lib.report import add_json_out, log, print_table, write_json_out
+from benchmarks.lib.targets import Check, print_targets
 
 HERE = Path(__file__).resolve().parent
 PEEK_BYTES = 64 * 1024
 START_TIMEOUT_S = 120.0
-POLL_S = 0.005
 MIN_PREEMPTIONS = 50
 """The targets' "at least 50 preemptions per configuration"."""
 STALL_LIMIT = 15
@@ -97,14 +97,6 @@ LABELS = {
     "reference": "reference flyte 2.12.1",
 }
 BAD_VERDICTS = ("corrupt", "mixed", "unreadable")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-class HarnessError(RuntimeError):
-    """The harness itself failed (an attempt could not start, a server did not answer)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -651,143 +643,6 @@ def shaped_proxy(upstream: int, rate_mib: float, rtt_ms: float, log_dir: Path) -
 # ---------------------------------------------------------------------------------------------
 
 
-class Processes:
-    """Starts attempts, forked from one server that has the heavy imports done."""
-
-    def __init__(self, work: Path) -> None:
-        self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(["__main__", *trainer.PRELOAD])
-        self.work = work
-        self.live: set[Any] = set()
-        self.lock = threading.Lock()
-        self.stopped = False
-
-    def start(
-        self, target: Callable[[dict[str, Any]], None], spec: dict[str, Any], daemon: bool = True
-    ) -> Any:
-        """``daemon=False`` for a job that starts processes of its own (multiprocessing forbids a
-        daemon that); :meth:`kill_all` ends it all the same."""
-        process = self.context.Process(target=target, args=(spec,), daemon=daemon)
-        with self.lock:
-            if self.stopped:
-                raise HarnessError("the benchmark was interrupted")
-            process.start()
-            self.live.add(process)
-        return process
-
-    def stop(self) -> None:
-        """Kill every attempt and refuse new ones: the supervisors' threads then end at once."""
-        with self.lock:
-            self.stopped = True
-        self.kill_all()
-
-    def reap(self, process: Any) -> None:
-        # A job with processes of its own (not a daemon) leads its process group: it is killed
-        # whole, its fork children too; only its group, never a group a reused pid might lead.
-        group = not process.daemon and process.pid is not None
-        if process.is_alive():
-            if group:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            process.kill()
-        process.join()
-        if group and _group_members(process.pid):  # children that outlived it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        with self.lock:
-            self.live.discard(process)
-
-    def kill_all(self) -> None:
-        with self.lock:
-            live = list(self.live)
-        for process in live:
-            self.reap(process)
-
-    def spec(self, directory: Path, **fields: Any) -> dict[str, Any]:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "tmp").mkdir(exist_ok=True)
-        return {
-            "events": str(directory / "events.jsonl"),
-            "stdout": str(directory / "stdout.log"),
-            "stderr": str(directory / "stderr.log"),
-            "tmp": str(directory / "tmp"),
-            "state_dir": str(directory / "state"),
-            "seed": 7,
-            **fields,
-        }
-
-    def run_to_end(
-        self, target: Callable[[dict[str, Any]], None], spec: dict[str, Any], timeout: float
-    ) -> list[dict[str, Any]]:
-        """Start ``target(spec)``, wait for it, return its events; fail loudly if it failed."""
-        process = self.start(target, spec)
-        try:
-            process.join(timeout)
-        finally:
-            self.reap(process)
-        events = trainer.read_events(Path(spec["events"]))
-        if process.exitcode != 0:
-            raise HarnessError(f"{target.__name__} exited {process.exitcode}: {_tail(spec['stderr'])}")
-        return events
-
-
-def _tail(path: str, chars: int = 2000) -> str:
-    with contextlib.suppress(OSError):
-        return Path(path).read_text(errors="replace")[-chars:]
-    return ""
-
-
-def _wait_for(
-    process: Any,
-    path: Path,
-    name: str,
-    timeout: float,
-    after: int = 0,
-    test: Callable[[dict[str, Any]], bool] = lambda event: True,
-) -> list[dict[str, Any]] | None:
-    """Poll the event log until an event called ``name`` (passing ``test``, past the first
-    ``after`` events) appears; ``None`` if the process ended first or at the timeout."""
-
-    def found(events: list[dict[str, Any]]) -> bool:
-        return any(event["e"] == name and test(event) for event in events[after:])
-
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        events = trainer.read_events(path)
-        if found(events):
-            return events
-        if not process.is_alive():
-            events = trainer.read_events(path)
-            return events if found(events) else None
-        time.sleep(POLL_S)
-    return None
-
-
-def _group_members(pgid: int) -> list[int]:
-    """The live processes (zombies left out) of process group ``pgid``, from ``/proc``."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
-
-
-def _wait_until(done: Callable[[], bool], deadline: float) -> bool:
-    """Poll ``done`` until it holds (``True``) or ``deadline`` (monotonic) passes (``False``)."""
-    while not done():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
 class Supervisor:
     """Runs one configuration: runs of attempts, each preempted, until enough preemptions."""
 
@@ -952,7 +807,7 @@ class Supervisor:
             raised = "" if exception is None else f"{exception['kind']}: {exception['message']}; "
             raise HarnessError(
                 f"{config.name} attempt {number} ended without a preemption (exit {process.exitcode}): "
-                f"{raised}{_tail(spec['stderr'])}"
+                f"{raised}{tail(spec['stderr'])}"
             )
         return record
 
@@ -969,11 +824,11 @@ class Supervisor:
         """Wait for the attempt to resume training, then SIGTERM it at a random instant (with
         ``background`` timing: the first background save handed over after that instant)."""
         config, scale = self.config, self.scale
-        events = _wait_for(process, events_path, "resumed", START_TIMEOUT_S)
+        events = wait_for_event(process, events_path, "resumed", START_TIMEOUT_S)
         if events is None:
             raise HarnessError(
                 f"{config.name} attempt {number} never resumed (exit {process.exitcode}): "
-                f"{_tail(spec['stderr'])}"
+                f"{tail(spec['stderr'])}"
             )
         resumed_at = next(e["t"] for e in events if e["e"] == "resumed")
         if give_up:
@@ -985,7 +840,7 @@ class Supervisor:
             return None
         if self.scenario is not None and self.scenario.timing == "background":
             seen = len(trainer.read_events(events_path))
-            handed = _wait_for(
+            handed = wait_for_event(
                 process,
                 events_path,
                 "saved",
@@ -1035,18 +890,18 @@ class Supervisor:
         group = self.scenario is not None and self.scenario.group
 
         def group_gone() -> bool:
-            return not group or not _group_members(process.pid)
+            return not group or not group_members(process.pid)
 
         in_time = ended = bool(multiprocessing.connection.wait([process.sentinel], grace))
         exit_after = time.monotonic() - sent  # when it ended by itself, or the SIGKILL's instant
-        children_left = len(_group_members(process.pid)) if ended and group else 0
-        children_late = ended and not _wait_until(group_gone, sent + grace)
+        children_left = len(group_members(process.pid)) if ended and group else 0
+        children_late = ended and not wait_until(group_gone, sent + grace)
         late = not ended or children_late
         hang = False
         if late and self.scenario is not None:
             probe_end = time.monotonic() + max(HANG_PROBE_S, 3 * grace)
             ended = bool(multiprocessing.connection.wait([process.sentinel], max(HANG_PROBE_S, 3 * grace)))
-            hang = not (ended and _wait_until(group_gone, probe_end))
+            hang = not (ended and wait_until(group_gone, probe_end))
             if ended and not in_time:
                 exit_after = time.monotonic() - sent
         if late and (not ended or hang):
@@ -1527,7 +1382,7 @@ def print_preemptions(result: ConfigResult, out: TextIO) -> None:
         + (_scenario_cells(p) if config.scenario != PLAIN else [])
         for p in result.preemptions
     ]
-    compare._table(
+    print_table(
         rows,
         [
             "run.attempt",
@@ -1591,7 +1446,7 @@ def print_summary(results: list[ConfigResult], out: TextIO) -> None:
                 result.error or "",
             ]
         )
-    compare._table(
+    print_table(
         rows,
         [
             "configuration",
@@ -1689,7 +1544,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ranks", action="store_true", help="skip preemption_ranks.py's 4-rank scenario")
     parser.add_argument("--seed", type=int, default=21, help="seed of the SIGTERM instants")
     parser.add_argument("--json", action="store_true", help="print the full results as JSON on stdout")
-    _report.add_json_out(parser)
+    add_json_out(parser)
     parser.add_argument("--keep", action="store_true", help="keep the run directory (event logs, stderr)")
     args = parser.parse_args(argv)
     args.storage = [s for s in args.storage.split(",") if s]
@@ -1725,7 +1580,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def describe_machine() -> dict[str, Any]:
-    machine = compare.describe_machine()
+    machine = reporting.describe_machine(DATA_ROOT)
     for package in ("torch", "flyte", "flyte_checkpoint"):
         try:
             machine[package] = version(package)
@@ -1737,9 +1592,9 @@ def describe_machine() -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    run_dir = compare.new_run_dir("preemption")
+    run_dir = new_run_dir("preemption")
     processes = Processes(run_dir)
-    with compare._terminate_as_interrupt():
+    with terminate_as_interrupt():
         try:
             return _main(args, run_dir, processes, out, argv)
         finally:
@@ -1747,7 +1602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.keep:
                 log(f"kept {run_dir}")
             else:
-                compare._remove(run_dir)
+                remove(run_dir)
 
 
 def _main(
@@ -1822,7 +1677,7 @@ def _main(
     }
     if args.json:
         print(json.dumps(report, indent=2))
-    _report.write_json_out(args.json_out, "benchmarks/preemption.py", argv, report)
+    write_json_out(args.json_out, "benchmarks/preemption.py", argv, report)
     return exit_status(results, checks, args.report_only)
 
 

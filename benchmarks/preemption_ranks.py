@@ -40,7 +40,6 @@ import queue
 import random
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from benchmarks.lib.processes import free_port  # noqa: E402 - importable once REPO is on sys.path
 
 WORLD = 4
 STARTUP_TIMEOUT = 120.0
@@ -154,19 +154,13 @@ def _context() -> Any:
     return context
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class _Job:
     """``world`` started rank processes, their notes, and reaping them whatever happens."""
 
     def __init__(self, task: dict[str, Any], world: int = WORLD) -> None:
         context = _context()
         self.answers = context.Queue()
-        port = _free_port()
+        port = free_port()
         self.processes = [
             context.Process(target=_rank_main, args=(rank, world, port, task, self.answers))
             for rank in range(world)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.processes import free_port
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 S3RVER_DIR = HERE / "s3rver"
@@ -58,13 +60,6 @@ class S3Server:
     def stop(self) -> None:
         while self.stop_callbacks:
             self.stop_callbacks.pop()()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes] | None, log: Path | None) -> None:

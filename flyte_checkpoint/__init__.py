@@ -48,6 +48,7 @@ from flyte_checkpoint.runners import (
 )
 from flyte_checkpoint.saving import SaveTimes
 from flyte_checkpoint.storage import StorageOptions
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import PAYLOAD_BASENAME
 from flyte_checkpoint.uris import repair_prev_checkpoint_uri
@@ -87,6 +88,7 @@ __all__ = [
     "SaveTimes",
     "StorageOptions",
     "TaskContext",
+    "TransferSettings",
     "UnsafeArchiveError",
     "UnsupportedTypeError",
     "UnsupportedURIError",

@@ -38,6 +38,7 @@ from flyte_checkpoint.storage import (
     backend_for,
 )
 from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.transfer import load_object
 from flyte_checkpoint.uris import (
@@ -108,6 +109,8 @@ class Checkpoint(BaseCheckpoint):
         checkpoint_dest: where this attempt saves (local path, ``file://``, ``s3://``, ...).
         checkpoint_src: the previous attempt's object; whitespace, quotes or ``""`` mean none.
         storage_options: options for the fsspec backend of both URIs (endpoint, credentials...).
+        transfer: this package's transfer settings for both URIs (parallelism, part size, time
+            bound, local fsync); without it they are read from ``storage_options`` as before.
         compression_level: gzip level for directory archives, 0 (store) to 9.
         extraction_limits: caps on what a directory archive may unpack to.
         repair_prev_uri: apply :func:`repair_prev_checkpoint_uri` to remote sources.
@@ -125,6 +128,7 @@ class Checkpoint(BaseCheckpoint):
         checkpoint_src: str | os.PathLike[str] | None = None,
         *,
         storage_options: StorageOptions | None = None,
+        transfer: TransferSettings | None = None,
         compression_level: int = archive.DEFAULT_COMPRESSION_LEVEL,
         extraction_limits: ExtractionLimits | None = None,
         repair_prev_uri: bool = True,
@@ -166,8 +170,10 @@ class Checkpoint(BaseCheckpoint):
         self._attempt_number = attempt_number
         self._restored_from: RestoredFrom | None = None
         self._storage_options = storage_options
-        self._dest_backend = backend_for(dest, storage_options)
-        self._src_backend: Backend | None = backend_for(src, storage_options) if src else None
+        self._dest_backend = backend_for(dest, storage_options, transfer=transfer)
+        self._src_backend: Backend | None = (
+            backend_for(src, storage_options, transfer=transfer) if src else None
+        )
         self._level = compression_level
         self._limits = extraction_limits or ExtractionLimits()
         self._retry = retry or RetryPolicy()

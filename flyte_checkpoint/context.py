@@ -28,6 +28,7 @@ from flyte_checkpoint.environment import (
     attempt_number_from_env,
 )
 from flyte_checkpoint.errors import ConfigurationError, NoTaskCheckpointError
+from flyte_checkpoint.storage.options import TransferSettings
 
 __all__ = [
     "ATTEMPT_NUMBER_ENV",
@@ -67,6 +68,7 @@ class TaskContext:
     run_name: str | None = None
     action_name: str | None = None
     storage_options: Mapping[str, Any] | None = None
+    transfer: TransferSettings | None = None
     attempt_number: int = dataclasses.field(default_factory=attempt_number_from_env)
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -94,6 +96,7 @@ class TaskContext:
             paths.checkpoint_path.strip(),
             prev.strip() if prev is not None else None,
             storage_options=self.storage_options,
+            transfer=self.transfer,
             run_name=self.run_name,
             action_name=self.action_name,
             attempt_number=self.attempt_number,

@@ -24,8 +24,9 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.storage import COPY_CHUNK, ObjectInfo, StorageOptions, VerifyingReader, backend_for
 from flyte_checkpoint.storage.errors import translated_os_errors
-from flyte_checkpoint.storage.local import make_directories
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
+from flyte_checkpoint.storage.stores.local import make_directories
 from flyte_checkpoint.transfer import DEFAULT_RETRY, classify, holds_checkpoint, load_object, read_object
 from flyte_checkpoint.uris import check_object_uri
 
@@ -59,6 +60,7 @@ def inspect_object(
     uri: str,
     *,
     storage_options: StorageOptions | None = None,
+    transfer: TransferSettings | None = None,
     verify: bool = False,
     progress: ProgressCallback | None = None,
     retry: RetryPolicy = DEFAULT_RETRY,
@@ -102,7 +104,7 @@ def inspect_object(
         return report.model_copy(update=update)
 
     check_object_uri(uri)
-    backend = backend_for(uri, storage_options)
+    backend = backend_for(uri, storage_options, transfer=transfer)
     report = read_object(backend, uri, describe, retry=retry, progress=progress)
     if report is None:
         raise CheckpointNotFoundError(f"no checkpoint at {uri}")
@@ -149,6 +151,7 @@ def restore_to(
     target: Path,
     *,
     storage_options: StorageOptions | None = None,
+    transfer: TransferSettings | None = None,
     force: bool = False,
     limits: ExtractionLimits | None = None,
     progress: ProgressCallback | None = None,
@@ -185,7 +188,7 @@ def restore_to(
             staging = _new_directory_beside(target, ".flyte-cp-get-")
         holds_user_entries: list[bool] = []
         try:
-            restored = _restore_into(uri, staging, storage_options, limits, progress, retry)
+            restored = _restore_into(uri, staging, storage_options, transfer, limits, progress, retry)
             with translated_os_errors(str(target), "restoring"):
                 if existed:
                     os.chmod(staging, stat.S_IMODE(target.stat().st_mode))
@@ -207,6 +210,7 @@ def _restore_into(
     uri: str,
     staging: Path,
     storage_options: StorageOptions | None,
+    transfer: TransferSettings | None,
     limits: ExtractionLimits | None,
     progress: ProgressCallback | None,
     retry: RetryPolicy,
@@ -215,7 +219,7 @@ def _restore_into(
         shutil.rmtree(staging)
         staging.mkdir()
 
-    backend = backend_for(uri, storage_options)
+    backend = backend_for(uri, storage_options, transfer=transfer)
     restored = load_object(backend, uri, staging, reset=reset, limits=limits, retry=retry, progress=progress)
     if restored is None:
         raise CheckpointNotFoundError(

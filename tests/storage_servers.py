@@ -41,7 +41,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import IO, Any, Literal
+
+from benchmarks.lib.processes import free_port
 
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
@@ -451,7 +452,7 @@ def _start(
     log_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
     for attempt in range(1, _PORT_ATTEMPTS + 1):
-        port = _free_port()
+        port = free_port()
         endpoint = f"http://{HOST}:{port}"
         command = make_command(port)
         log_path = log_dir / f"{backend}-{port}.log"
@@ -519,13 +520,6 @@ def _wait_ready(
             return f"not ready at {endpoint} within {timeout:g} s"
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _pdeathsig_preexec() -> Callable[[], None] | None:

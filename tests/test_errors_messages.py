@@ -18,8 +18,8 @@ from flyte_checkpoint import (
 )
 from flyte_checkpoint.cli import EXIT_CORRUPT, main
 from flyte_checkpoint.errors import describe_error
-from flyte_checkpoint.storage import local as local_store
 from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
+from flyte_checkpoint.storage.stores import local as local_store
 from tests.conftest import damage_in_place
 
 DENIED = PermissionError(errno.EACCES, "Permission denied")

@@ -9,7 +9,7 @@ import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointCorruptError
 from flyte_checkpoint.storage import SIZE_KEY, backend_for
-from flyte_checkpoint.storage.local import XATTR_NAME, decode_record, encode_record
+from flyte_checkpoint.storage.stores.local import XATTR_NAME, decode_record, encode_record
 from tests.storage.conftest import Remote
 
 

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flyte_checkpoint.cli.exit_codes import EXIT_OK
-from flyte_checkpoint.cli.parser import storage_options_of
+from flyte_checkpoint.cli.parser import storage_options_of, transfer_settings_of
 from flyte_checkpoint.errors import CheckpointNotFoundError, InvalidCheckpointInputError
 from flyte_checkpoint.progress import human_size
+
+if TYPE_CHECKING:
+    from flyte_checkpoint.storage.options import TransferSettings
 
 
 def ls_command(args: argparse.Namespace) -> int:
     from flyte_checkpoint.state import CheckpointManager
 
-    steps = CheckpointManager(args.root, storage_options=storage_options_of(args)).describe_steps()
+    steps = CheckpointManager(
+        args.root, storage_options=storage_options_of(args), transfer=transfer_settings_of(args)
+    ).describe_steps()
     if not steps:
         _check_root_exists(args)
-        if is_state_root(args.root, storage_options_of(args)):
+        if is_state_root(args.root, storage_options_of(args), transfer_settings_of(args)):
             return _ls_state_root(args)
     if args.json:
         print(json.dumps([step.model_dump(mode="json") for step in steps], indent=2))
@@ -34,13 +39,13 @@ def ls_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def is_state_root(uri: str, options: dict[str, Any] | None) -> bool:
+def is_state_root(uri: str, options: dict[str, Any] | None, transfer: TransferSettings | None) -> bool:
     """Whether ``uri`` is one multi-part checkpoint (its commit pointer, or versions, are there)."""
     from flyte_checkpoint.state.layout import POINTER_NAME, VERSIONS_DIR
     from flyte_checkpoint.storage import backend_for
 
     root = uri.rstrip("/")
-    backend = backend_for(root, options)
+    backend = backend_for(root, options, transfer=transfer)
     return backend.info(f"{root}/{POINTER_NAME}") is not None or bool(
         backend.list_prefix(f"{root}/{VERSIONS_DIR}")
     )
@@ -62,7 +67,7 @@ def _check_root_exists(args: argparse.Namespace) -> None:
                 f"{args.root} is a file, not a root of steps; `flyte-checkpoint inspect {args.root}` "
                 "describes one checkpoint object"
             )
-    elif backend_for(root, storage_options_of(args)).list_prefix(root):
+    elif backend_for(root, storage_options_of(args), transfer=transfer_settings_of(args)).list_prefix(root):
         return
     raise CheckpointNotFoundError(
         f"nothing at {args.root}: no steps and no multi-part checkpoint; check the root's spelling"
@@ -73,7 +78,9 @@ def _ls_state_root(args: argparse.Namespace) -> int:
     """Describe a :class:`~flyte_checkpoint.state.StateCheckpoint` root: its committed version."""
     from flyte_checkpoint.state import StateCheckpoint
 
-    manifest = StateCheckpoint(args.root, storage_options=storage_options_of(args)).manifest()
+    manifest = StateCheckpoint(
+        args.root, storage_options=storage_options_of(args), transfer=transfer_settings_of(args)
+    ).manifest()
     records = [*manifest.parts, *([manifest.controller] if manifest.controller else [])]
     size = sum(record.size for record in records)
     summary = {

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from flyte_checkpoint.cli.exit_codes import EXIT_OK
 from flyte_checkpoint.cli.listing import is_state_root
-from flyte_checkpoint.cli.parser import storage_options_of
+from flyte_checkpoint.cli.parser import storage_options_of, transfer_settings_of
 from flyte_checkpoint.cli.progress import progress_bar
 from flyte_checkpoint.errors import (
     CheckpointError,
@@ -26,6 +26,7 @@ from flyte_checkpoint.progress import human_size
 
 if TYPE_CHECKING:
     from flyte_checkpoint.inspection import ObjectReport
+    from flyte_checkpoint.storage.options import TransferSettings
 
 
 def inspect_command(args: argparse.Namespace) -> int:
@@ -33,7 +34,11 @@ def inspect_command(args: argparse.Namespace) -> int:
 
     with _one_object(args), progress_bar("reading", args.quiet or args.json) as progress:
         report = inspect_object(
-            args.uri, storage_options=storage_options_of(args), verify=args.verify, progress=progress
+            args.uri,
+            storage_options=storage_options_of(args),
+            transfer=transfer_settings_of(args),
+            verify=args.verify,
+            progress=progress,
         )
     if args.json:
         print(report.model_dump_json(indent=2))
@@ -61,7 +66,7 @@ def _one_object(args: argparse.Namespace) -> Iterator[None]:
     try:
         yield
     except (CheckpointNotFoundError, CheckpointStorageError, UnsupportedURIError) as exc:
-        found = _multi_part_at(args.uri, storage_options_of(args))
+        found = _multi_part_at(args.uri, storage_options_of(args), transfer_settings_of(args))
         if found is None:
             raise
         raise InvalidCheckpointInputError(
@@ -70,14 +75,14 @@ def _one_object(args: argparse.Namespace) -> Iterator[None]:
         ) from exc
 
 
-def _multi_part_at(uri: str, options: dict[str, Any] | None) -> str | None:
+def _multi_part_at(uri: str, options: dict[str, Any] | None, transfer: TransferSettings | None) -> str | None:
     """What multi-part checkpoint is at ``uri``, in words; ``None`` if none (or it cannot tell)."""
     from flyte_checkpoint.state import CheckpointManager
 
     try:
-        if is_state_root(uri, options):
+        if is_state_root(uri, options, transfer):
             return "a multi-part checkpoint (a StateCheckpoint, or one step of a CheckpointManager)"
-        if CheckpointManager(uri, storage_options=options).steps():
+        if CheckpointManager(uri, storage_options=options, transfer=transfer).steps():
             return "the root of a CheckpointManager's steps"
     except Exception as exc:  # cannot tell: the error of the read stands
         logging.getLogger("flyte_checkpoint").debug("could not tell what is at %s: %r", uri, exc)
@@ -97,7 +102,11 @@ def verify_command(args: argparse.Namespace) -> int:
 
     with _one_object(args), progress_bar("verifying", args.quiet or args.json) as progress:
         report = inspect_object(
-            args.uri, storage_options=storage_options_of(args), verify=True, progress=progress
+            args.uri,
+            storage_options=storage_options_of(args),
+            transfer=transfer_settings_of(args),
+            verify=True,
+            progress=progress,
         )
     if report.kind == "empty":
         raise CheckpointNotFoundError(f"{args.uri} is empty, which means no checkpoint")
@@ -132,6 +141,7 @@ def get_command(args: argparse.Namespace) -> int:
             args.uri,
             Path(args.directory),
             storage_options=storage_options_of(args),
+            transfer=transfer_settings_of(args),
             force=args.force,
             progress=progress,
         )
@@ -145,7 +155,10 @@ def get_command(args: argparse.Namespace) -> int:
 def put_command(args: argparse.Namespace) -> int:
     from flyte_checkpoint.checkpoint import Checkpoint
 
-    options: dict[str, Any] = {"storage_options": storage_options_of(args)}
+    options: dict[str, Any] = {
+        "storage_options": storage_options_of(args),
+        "transfer": transfer_settings_of(args),
+    }
     if args.level is not None:
         options["compression_level"] = args.level
     estimate = _tree_size(Path(args.path)) if os.path.isdir(args.path) else None

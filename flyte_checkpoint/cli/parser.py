@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flyte_checkpoint.cli.exit_codes import exit_status_help
+
+if TYPE_CHECKING:
+    from flyte_checkpoint.storage.options import TransferSettings
+
 
 EXAMPLES = {
     "inspect": "flyte-checkpoint inspect s3://bucket/run/checkpoint --verify --json",
@@ -83,6 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
             default=[],
             metavar="KEY=VALUE",
             help="an fsspec storage option (VALUE parsed as JSON when it is JSON); repeatable",
+        )
+        sub.add_argument(
+            "--transfer",
+            "-t",
+            action="append",
+            type=_storage_option,
+            default=[],
+            metavar="KEY=VALUE",
+            help="a transfer setting of this package (part_size, max_concurrency, file_concurrency, "
+            "part_attempts, transfer_timeout, stale_upload_age, fsync; VALUE parsed as JSON when it "
+            "is JSON); repeatable",
         )
         return sub
 
@@ -165,3 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
 def storage_options_of(args: argparse.Namespace) -> dict[str, Any] | None:
     """The storage options given with ``--storage-option`` (``None`` for none)."""
     return dict(args.storage_option) or None
+
+
+def transfer_settings_of(args: argparse.Namespace) -> TransferSettings | None:
+    """The ``--transfer`` settings; ``None`` when none were given (they may be storage options)."""
+    from flyte_checkpoint.storage.options import TransferSettings
+
+    given = dict(args.transfer)
+    return TransferSettings(**given) if given else None

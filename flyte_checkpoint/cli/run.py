@@ -10,7 +10,7 @@ import sys
 import traceback
 
 from flyte_checkpoint.cli.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_TASK_FAILED
-from flyte_checkpoint.cli.parser import storage_options_of
+from flyte_checkpoint.cli.parser import storage_options_of, transfer_settings_of
 from flyte_checkpoint.cli.reporting import report_error
 from flyte_checkpoint.errors import Preempted, UnsupportedURIError
 
@@ -41,6 +41,7 @@ def run_command(args: argparse.Namespace) -> int:
             run_name=args.run_name,
             action_name=args.action_name,
             storage_options=storage_options_of(args),
+            transfer=transfer_settings_of(args),
             grace_seconds=args.grace_seconds,
         )
     except Preempted as preempted:

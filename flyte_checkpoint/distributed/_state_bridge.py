@@ -33,6 +33,7 @@ from flyte_checkpoint.state.objects import fetch_bytes
 from flyte_checkpoint.state.pointer import pointer_moved, read_committed
 from flyte_checkpoint.steps import step_dir_name
 from flyte_checkpoint.storage import Backend, StorageOptions
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.uris import check_supported
 
 __all__ = [
@@ -80,8 +81,10 @@ class Committed:
     user_metadata: dict[str, Any]
 
 
-def _layout(root: str, storage_options: StorageOptions | None) -> Layout:
-    return Layout.of(root, storage_options)
+def _layout(
+    root: str, storage_options: StorageOptions | None, transfer: TransferSettings | None = None
+) -> Layout:
+    return Layout.of(root, storage_options, transfer)
 
 
 def root_of(checkpoint_dir: str | os.PathLike[str]) -> str:
@@ -94,8 +97,10 @@ def root_of(checkpoint_dir: str | os.PathLike[str]) -> str:
     return root
 
 
-def backend_of(root: str, storage_options: StorageOptions | None) -> Backend:
-    return _layout(root, storage_options).backend
+def backend_of(
+    root: str, storage_options: StorageOptions | None, transfer: TransferSettings | None = None
+) -> Backend:
+    return _layout(root, storage_options, transfer).backend
 
 
 def object_uri(root: str, version_id: str, name: str) -> str:
@@ -110,6 +115,7 @@ def commit_version(
     shards: Sequence[StoredObject],
     dcp_metadata: bytes,
     user_metadata: dict[str, Any],
+    transfer: TransferSettings | None = None,
 ) -> None:
     """Commit ``version_id``, whose shards every rank has stored, with state's public commit step.
 
@@ -130,14 +136,16 @@ def commit_version(
         )
         for position, shard in enumerate(shards)
     ]
-    StateCheckpoint(root, storage_options=storage_options).commit_version(
+    StateCheckpoint(root, storage_options=storage_options, transfer=transfer).commit_version(
         version_id, acks, controller=dcp_metadata, metadata={**user_metadata, DCP_MARKER: 1}
     )
 
 
-def read_committed_version(root: str, storage_options: StorageOptions | None) -> Committed:
+def read_committed_version(
+    root: str, storage_options: StorageOptions | None, transfer: TransferSettings | None = None
+) -> Committed:
     """The committed version of ``root``; ``CheckpointNotFoundError`` / ``CheckpointCorruptError``."""
-    manifest = read_committed(_layout(root, storage_options))
+    manifest = read_committed(_layout(root, storage_options, transfer))
     record = manifest.controller
     if record is None or manifest.metadata.get(DCP_MARKER) != 1:
         raise CheckpointCorruptError(
@@ -154,26 +162,41 @@ def read_committed_version(root: str, storage_options: StorageOptions | None) ->
 
 
 def fetch_verified(
-    root: str, storage_options: StorageOptions | None, version_id: str, stored: StoredObject, label: str
+    root: str,
+    storage_options: StorageOptions | None,
+    version_id: str,
+    stored: StoredObject,
+    label: str,
+    transfer: TransferSettings | None = None,
 ) -> bytes:
     """The bytes of one small object, checked against its recorded size and digest (with retries)."""
     record = PartRecord(
         name=stored.name, part_id="-", size=stored.size, digest=stored.digest, encoding=METADATA_ENCODING
     )
-    layout = _layout(root, storage_options)
+    layout = _layout(root, storage_options, transfer)
     return fetch_bytes(layout.backend, object_uri(root, version_id, stored.name), record, label)
 
 
-def version_replaced(root: str, storage_options: StorageOptions | None, version_id: str) -> bool:
+def version_replaced(
+    root: str,
+    storage_options: StorageOptions | None,
+    version_id: str,
+    transfer: TransferSettings | None = None,
+) -> bool:
     """Whether a newer commit replaced ``version_id`` (a failed read of it is then a race, not damage)."""
-    return pointer_moved(_layout(root, storage_options), version_id)
+    return pointer_moved(_layout(root, storage_options, transfer), version_id)
 
 
 # --------------------------------------------------------------------------- steps and retention
 
 
-def _steps(root: str, storage_options: StorageOptions | None, keep_last: int | None) -> CheckpointManager:
-    return CheckpointManager(root, keep_last=keep_last, storage_options=storage_options)
+def _steps(
+    root: str,
+    storage_options: StorageOptions | None,
+    keep_last: int | None,
+    transfer: TransferSettings | None = None,
+) -> CheckpointManager:
+    return CheckpointManager(root, keep_last=keep_last, storage_options=storage_options, transfer=transfer)
 
 
 def step_dir(root: str, step: int) -> str:
@@ -181,13 +204,19 @@ def step_dir(root: str, step: int) -> str:
     return f"{root}/{step_dir_name(step)}"
 
 
-def committed_steps(root: str, storage_options: StorageOptions | None) -> list[int]:
+def committed_steps(
+    root: str, storage_options: StorageOptions | None, transfer: TransferSettings | None = None
+) -> list[int]:
     """The committed steps under ``root``, oldest first."""
-    return _steps(root, storage_options, None).steps()
+    return _steps(root, storage_options, None, transfer).steps()
 
 
 def apply_retention(
-    root: str, storage_options: StorageOptions | None, keep_last: int, protect: set[int]
+    root: str,
+    storage_options: StorageOptions | None,
+    keep_last: int,
+    protect: set[int],
+    transfer: TransferSettings | None = None,
 ) -> list[int]:
     """Keep the newest ``keep_last`` committed steps and ``protect``; returns the deleted steps."""
-    return _steps(root, storage_options, keep_last).apply_retention(protect=protect)
+    return _steps(root, storage_options, keep_last, transfer).apply_retention(protect=protect)

@@ -9,6 +9,7 @@ from flyte_checkpoint.distributed import _state_bridge
 from flyte_checkpoint.errors import CheckpointError
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.storage import Backend, StorageOptions
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.uris import check_supported
 
 
@@ -20,9 +21,12 @@ class CheckpointLocation:
         checkpoint_dir: str | os.PathLike[str],
         storage_options: StorageOptions | None,
         progress: ProgressCallback | None = None,
+        transfer: TransferSettings | None = None,
     ) -> None:
         self.root = _state_bridge.root_of(checkpoint_dir)
         self.storage_options = dict(storage_options) if storage_options is not None else None
+        self.transfer = transfer
+        """This package's transfer settings (``None``: read from :attr:`storage_options`)."""
         self.progress = progress
         """``progress(bytes_done, total)`` of this rank's transfers (``total`` ``None`` on save)."""
         self._backend: Backend | None = None
@@ -40,7 +44,7 @@ class CheckpointLocation:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            self._backend = _state_bridge.backend_of(self.root, self.storage_options)
+            self._backend = _state_bridge.backend_of(self.root, self.storage_options, self.transfer)
         return self._backend
 
     @property

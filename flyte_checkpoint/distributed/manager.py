@@ -34,6 +34,7 @@ from flyte_checkpoint.progress import ProgressCallback, log_transfer
 from flyte_checkpoint.steps import RestoredStep, check_step
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.deadline import finish_by
+from flyte_checkpoint.storage.options import TransferSettings
 
 if TYPE_CHECKING:  # recent torch only; named in a return annotation alone
     from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -87,6 +88,7 @@ class DistributedCheckpointManager:
         *,
         keep_last: int | None = None,
         storage_options: StorageOptions | None = None,
+        transfer: TransferSettings | None = None,
         resume_from: str | os.PathLike[str] | None = None,
         process_group: dist.ProcessGroup | None = None,
         grace_seconds: float | None = None,
@@ -99,6 +101,8 @@ class DistributedCheckpointManager:
         self.resume_from = _state_bridge.root_of(resume_from) if resume_from is not None else None
         self.keep_last = keep_last
         self.storage_options = dict(storage_options) if storage_options is not None else None
+        self.transfer = transfer
+        """This package's transfer settings (``None``: read from :attr:`storage_options`)."""
         self.process_group = process_group
         self.grace_seconds = notice.check_grace_seconds(grace_seconds) if grace_seconds is not None else None
         """The grace period of the handler :meth:`reached_preemption` installs (``None``:
@@ -114,7 +118,7 @@ class DistributedCheckpointManager:
 
     def steps(self) -> list[int]:
         """The committed steps under ``root``, oldest first (a plain listing: call it on any rank)."""
-        return _state_bridge.committed_steps(self.root, self.storage_options)
+        return _state_bridge.committed_steps(self.root, self.storage_options, self.transfer)
 
     def latest_step(self) -> int | None:
         steps = self.steps()
@@ -131,6 +135,7 @@ class DistributedCheckpointManager:
         return CheckpointWriter(
             self.checkpoint_dir(step),
             storage_options=self.storage_options,
+            transfer=self.transfer,
             metadata={"step": step, **(metadata or {})},
             retention=retention,
             progress=progress,
@@ -285,7 +290,7 @@ class DistributedCheckpointManager:
         if self.resume_from is not None and self.resume_from != self.root:
             resume_root = self.resume_from
             found_there = self._agreed(
-                lambda: _state_bridge.committed_steps(resume_root, self.storage_options)
+                lambda: _state_bridge.committed_steps(resume_root, self.storage_options, self.transfer)
             )
             candidates += [(resume_root, found) for found in reversed(found_there)]
         if not candidates:
@@ -318,7 +323,11 @@ class DistributedCheckpointManager:
             dcp_load(
                 state_dict,
                 storage_reader=CheckpointReader(
-                    directory, storage_options=self.storage_options, committed=committed, progress=progress
+                    directory,
+                    storage_options=self.storage_options,
+                    transfer=self.transfer,
+                    committed=committed,
+                    progress=progress,
                 ),
                 process_group=self.process_group,
             )
@@ -344,7 +353,7 @@ class DistributedCheckpointManager:
         failure: CheckpointError | None = None
         committed: CommittedMetadata | None = None
         try:
-            committed = read_committed_metadata(directory, self.storage_options)
+            committed = read_committed_metadata(directory, self.storage_options, self.transfer)
         except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
             failure = exc
         outcomes = self._gathered(None if failure is None else (type(failure).__name__, str(failure)))

@@ -33,6 +33,7 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.progress import ProgressCallback, combined
 from flyte_checkpoint.storage import StorageOptions, VerifyingReader
 from flyte_checkpoint.storage.digests import ContentDigest
+from flyte_checkpoint.storage.options import TransferSettings
 
 _SKIP_CHUNK = 1 << 20
 
@@ -47,16 +48,18 @@ class CommittedMetadata:
     shards: dict[str, _state_bridge.StoredObject]
 
 
-def read_committed_metadata(root: str, storage_options: StorageOptions | None) -> CommittedMetadata:
+def read_committed_metadata(
+    root: str, storage_options: StorageOptions | None, transfer: TransferSettings | None = None
+) -> CommittedMetadata:
     """Follow the pointer of ``root`` and load DCP's metadata of that version, checked by digest.
 
     Raises :class:`CheckpointNotFoundError` when nothing is committed and
     :class:`CheckpointCorruptError` when the pointer, manifest or metadata is damaged.
     """
-    committed = _state_bridge.read_committed_version(root, storage_options)
+    committed = _state_bridge.read_committed_version(root, storage_options, transfer)
     label = f"the DCP metadata of checkpoint {root}"
     data = _state_bridge.fetch_verified(
-        root, storage_options, committed.version_id, committed.metadata_object, label
+        root, storage_options, committed.version_id, committed.metadata_object, label, transfer
     )
     try:
         metadata = pickle.loads(data)
@@ -86,11 +89,12 @@ class CheckpointReader(CheckpointLocation, StorageReader):
         checkpoint_dir: str | os.PathLike[str],
         *,
         storage_options: StorageOptions | None = None,
+        transfer: TransferSettings | None = None,
         committed: CommittedMetadata | None = None,
         progress: ProgressCallback | None = None,
     ) -> None:
         StorageReader.__init__(self)
-        CheckpointLocation.__init__(self, checkpoint_dir, storage_options, progress)
+        CheckpointLocation.__init__(self, checkpoint_dir, storage_options, progress, transfer)
         self.load_id = uuid.uuid4().hex
         self.committed = committed
 
@@ -105,7 +109,7 @@ class CheckpointReader(CheckpointLocation, StorageReader):
 
     def read_metadata(self) -> Metadata:
         if self.committed is None:
-            self.committed = read_committed_metadata(self.root, self.storage_options)
+            self.committed = read_committed_metadata(self.root, self.storage_options, self.transfer)
         metadata = self.committed.metadata
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
@@ -185,7 +189,9 @@ class CheckpointReader(CheckpointLocation, StorageReader):
 
     def _raise_missing(self, uri: str) -> None:
         assert self.committed is not None
-        if _state_bridge.version_replaced(self.root, self.storage_options, self.committed.version_id):
+        if _state_bridge.version_replaced(
+            self.root, self.storage_options, self.committed.version_id, self.transfer
+        ):
             raise CheckpointUnavailableError(
                 f"checkpoint {self.root} was replaced by a newer save while it was being loaded "
                 f"({uri} is gone); load again"

@@ -37,6 +37,7 @@ from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError
 from flyte_checkpoint.progress import ProgressCallback, log_transfer, reporter
 from flyte_checkpoint.storage import COPY_CHUNK, DIGEST_KEY, Backend, StorageOptions
 from flyte_checkpoint.storage.digests import digest_of
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -145,12 +146,13 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         checkpoint_dir: str | os.PathLike[str],
         *,
         storage_options: StorageOptions | None = None,
+        transfer: TransferSettings | None = None,
         metadata: dict[str, Any] | None = None,
         retention: Retention | None = None,
         progress: ProgressCallback | None = None,
     ) -> None:
         StorageWriter.__init__(self)
-        CheckpointLocation.__init__(self, checkpoint_dir, storage_options, progress)
+        CheckpointLocation.__init__(self, checkpoint_dir, storage_options, progress, transfer)
         self._started = time.monotonic()
         self.metadata = _state_bridge.checked_metadata(metadata)
         self.retention = retention
@@ -238,6 +240,7 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
             [shards[name] for name in sorted(shards)],
             pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL),
             self.metadata,
+            self.transfer,
         )
         stored = [shards[name] for name in sorted(shards)]
         what = f"DCP version {version} ({len(stored)} shards, {len(results)} ranks)"
@@ -250,7 +253,11 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
             return
         try:
             deleted = _state_bridge.apply_retention(
-                retention.steps_root, self.storage_options, retention.keep_last, set(retention.protect)
+                retention.steps_root,
+                self.storage_options,
+                retention.keep_last,
+                set(retention.protect),
+                self.transfer,
             )
         except CheckpointError as exc:
             # The save is committed; retention is housekeeping that the next save retries.

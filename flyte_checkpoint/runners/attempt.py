@@ -20,6 +20,7 @@ from flyte_checkpoint.context import CheckpointPaths, TaskContext, attempt_numbe
 from flyte_checkpoint.errors import ConfigurationError, Preempted, add_context
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import ending_delivered_to, install_preemption_handler
+from flyte_checkpoint.storage.options import TransferSettings
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -235,6 +236,7 @@ def load_and_run_task(
     run_name: str | None = None,
     action_name: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
     attempt_number: int | None = None,
     grace_seconds: float | None = None,
 ) -> Any:
@@ -258,6 +260,7 @@ def load_and_run_task(
             run_name=run_name,
             action_name=action_name,
             storage_options=storage_options,
+            transfer=transfer,
             attempt_number=attempt_number_from_env() if attempt_number is None else attempt_number,
         )
         with attempt_scope(context):

@@ -59,6 +59,7 @@ from flyte_checkpoint.state.waiting import (
     run_bounded,
 )
 from flyte_checkpoint.storage import StorageOptions
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.timebounds import Deadline
 
 NOTHING_SAVED = "nothing was saved; the previous checkpoint is unchanged"
@@ -67,11 +68,12 @@ NOTHING_SAVED = "nothing was saved; the previous checkpoint is unchanged"
 class StateCheckpoint:
     """A multi-part checkpoint at ``root`` (a local path or a storage URI).
 
-    ``storage_options`` reach the backend on every operation, local disk included
-    (``{"fsync": True}`` makes local writes durable against power loss); ``serializer`` turns
-    ``state_dict()`` results into bytes (pickle by default: load only checkpoints you trust);
-    ``timeout`` bounds every operation as a whole (locks, part writes, waits for ranks), and
-    ``max_workers`` how many parts one process moves at a time.
+    ``storage_options`` reach the backend on every operation, local disk included, and ``transfer``
+    gives this package's transfer settings (``TransferSettings(fsync=True)``, or the older
+    ``{"fsync": True}`` storage option, makes local writes durable against power loss);
+    ``serializer`` turns ``state_dict()`` results into bytes (pickle by default: load only
+    checkpoints you trust); ``timeout`` bounds every operation as a whole (locks, part writes, waits
+    for ranks), and ``max_workers`` how many parts one process moves at a time.
 
     A save replaces the committed checkpoint atomically: until the new version's pointer is
     written the old one stays loadable, and a crash at any point leaves one of the two, never
@@ -84,12 +86,14 @@ class StateCheckpoint:
         root: str | os.PathLike[str],
         *,
         storage_options: StorageOptions | None = None,
+        transfer: TransferSettings | None = None,
         serializer: Serializer = PICKLE,
         timeout: float = DEFAULT_TIMEOUT,
         max_workers: int | None = None,
     ) -> None:
-        self._layout = Layout.of(root, storage_options)
+        self._layout = Layout.of(root, storage_options, transfer)
         self._storage_options = storage_options
+        self._transfer = transfer
         self._serializer = serializer
         self._timeout = check_timeout(timeout)
         if max_workers is not None:
@@ -100,7 +104,14 @@ class StateCheckpoint:
         # The backend holds clients and threads that do not cross processes: rebuild it there.
         return (
             _rebuild,
-            (self.root, self._storage_options, self._serializer, self._timeout, self._max_workers),
+            (
+                self.root,
+                self._storage_options,
+                self._serializer,
+                self._timeout,
+                self._max_workers,
+                self._transfer,
+            ),
         )
 
     def __repr__(self) -> str:
@@ -114,6 +125,12 @@ class StateCheckpoint:
     @property
     def storage_options(self) -> Mapping[str, Any] | None:
         return self._storage_options
+
+    @property
+    def transfer(self) -> TransferSettings | None:
+        """This package's transfer settings, when given as ``transfer=`` (else they are read from
+        :attr:`storage_options`)."""
+        return self._transfer
 
     @property
     def serializer(self) -> Serializer:
@@ -547,9 +564,15 @@ def _rebuild(
     serializer: Serializer,
     timeout: float,
     max_workers: int | None,
+    transfer: TransferSettings | None = None,
 ) -> StateCheckpoint:
     return StateCheckpoint(
-        root, storage_options=storage_options, serializer=serializer, timeout=timeout, max_workers=max_workers
+        root,
+        storage_options=storage_options,
+        transfer=transfer,
+        serializer=serializer,
+        timeout=timeout,
+        max_workers=max_workers,
     )
 
 

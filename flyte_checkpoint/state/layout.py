@@ -30,6 +30,7 @@ from typing import Any
 
 from flyte_checkpoint.errors import InvalidCheckpointInputError
 from flyte_checkpoint.storage import Backend, backend_for
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.uris import is_local, scheme_of
 
 POINTER_NAME = "COMMITTED.json"
@@ -107,18 +108,21 @@ class Layout:
 
     root: str
     storage_options: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    transfer: TransferSettings | None = field(default=None, compare=False, repr=False)
     backend: Backend = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "backend", backend_for(self.root, _backend_options(self.root, self.storage_options))
-        )
+        options = _backend_options(self.root, self.storage_options)
+        object.__setattr__(self, "backend", backend_for(self.root, options, transfer=self.transfer))
 
     @classmethod
     def of(
-        cls, checkpoint_dir: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+        cls,
+        checkpoint_dir: str | os.PathLike[str],
+        storage_options: Mapping[str, Any] | None = None,
+        transfer: TransferSettings | None = None,
     ) -> Layout:
-        return cls(_normalised_root(checkpoint_dir), storage_options)
+        return cls(_normalised_root(checkpoint_dir), storage_options, transfer)
 
     def join(self, *names: str) -> str:
         return "/".join((self.root, *names))

@@ -26,6 +26,7 @@ from flyte_checkpoint.state.parts import PartData
 from flyte_checkpoint.state.waiting import DEFAULT_TIMEOUT, LockLike
 from flyte_checkpoint.steps import RestoredStep, check_step, step_dir_name, step_of_dir_name
 from flyte_checkpoint.storage import StorageOptions
+from flyte_checkpoint.storage.options import TransferSettings
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -63,6 +64,7 @@ class CheckpointManager:
         *,
         keep_last: int | None = None,
         storage_options: StorageOptions | None = None,
+        transfer: TransferSettings | None = None,
         serializer: Serializer = PICKLE,
         timeout: float = DEFAULT_TIMEOUT,
         max_workers: int | None = None,
@@ -71,11 +73,12 @@ class CheckpointManager:
             isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
         ):
             raise InvalidCheckpointInputError(f"keep_last must be a positive int or None, not {keep_last!r}")
-        self._layout = Layout.of(root, storage_options)
+        self._layout = Layout.of(root, storage_options, transfer)
         # Checked once here, so a bad setting fails at construction rather than at the first save.
         self._settings = StateCheckpoint(
             self._layout.root,
             storage_options=storage_options,
+            transfer=transfer,
             serializer=serializer,
             timeout=timeout,
             max_workers=max_workers,
@@ -110,6 +113,7 @@ class CheckpointManager:
         return StateCheckpoint(
             self.checkpoint_dir(step),
             storage_options=settings.storage_options,
+            transfer=settings.transfer,
             serializer=settings.serializer,
             timeout=settings.timeout,
             max_workers=settings.max_workers,

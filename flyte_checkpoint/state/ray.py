@@ -60,6 +60,7 @@ from flyte_checkpoint.state.parts import store_part
 from flyte_checkpoint.state.pointer import with_committed
 from flyte_checkpoint.state.restore import NOTHING_RESTORED, Staged, Target, check_counts, stage
 from flyte_checkpoint.state.waiting import LockLike, held
+from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.timebounds import Deadline
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -74,6 +75,9 @@ class ActorCheckpoint(Protocol):
 
     @property
     def storage_options(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def transfer(self) -> TransferSettings | None: ...
 
     @property
     def serializer(self) -> Serializer: ...
@@ -138,7 +142,7 @@ def save_actors(
     """
     members = _members(controller, parts)
     user_metadata = checked_metadata(metadata)
-    layout = Layout.of(checkpoint.root, checkpoint.storage_options)
+    layout = Layout.of(checkpoint.root, checkpoint.storage_options, checkpoint.transfer)
     deadline = Deadline.after(checkpoint.timeout)
     version = new_version_id()
     token = uuid.uuid4().hex
@@ -193,7 +197,7 @@ def load_actors(
     actor dies, every other component is rolled back to what it held before.
     """
     members = _members(controller, parts)
-    layout = Layout.of(checkpoint.root, checkpoint.storage_options)
+    layout = Layout.of(checkpoint.root, checkpoint.storage_options, checkpoint.transfer)
     manifest = checkpoint.verify(world_size=len(parts), read_parts=False)
     check_counts(layout, manifest, parts=len(parts), controller=controller is not None)
     deadline = Deadline.after(checkpoint.timeout)
@@ -418,7 +422,7 @@ def _store_part(
 ) -> PartRecord:
     entry = _entry(token, position)
     assert entry.payload is not None
-    layout = Layout.of(checkpoint.root, checkpoint.storage_options)
+    layout = Layout.of(checkpoint.root, checkpoint.storage_options, checkpoint.transfer)
     try:
         if position is None:
             return store_controller(layout, version, entry.payload)
@@ -431,7 +435,7 @@ def _stage_part(
     component: object, position: int | None, checkpoint: ActorCheckpoint, token: str, version: str
 ) -> None:
     entry = _hold(token, position, component, checkpoint)
-    layout = Layout.of(checkpoint.root, checkpoint.storage_options)
+    layout = Layout.of(checkpoint.root, checkpoint.storage_options, checkpoint.transfer)
     target = Target(position, component, entry.kind)
 
     def fetch(manifest: Manifest) -> Staged:

@@ -2,9 +2,10 @@
 
 This package knows nothing of archive formats. It offers, for any supported URI, an atomic
 writer (nothing is visible until commit), a streaming reader that verifies the recorded digest
-at end of stream, object info, and copy. Local paths use the OS directly (:mod:`.local`); the
-object stores go through fsspec, one module per store (:mod:`.s3`, :mod:`.gcs`, :mod:`.azure`)
-on what they share (:mod:`.fsspec_store`).
+at end of stream, object info, and copy. Local paths use the OS directly (:mod:`.stores.local`);
+the object stores go through fsspec, one module per store with its parallel adapter
+(:mod:`.stores.s3`, :mod:`.stores.gcs`, :mod:`.stores.azure`) on what they share
+(:mod:`.stores.fsspec_store`), their bytes moved by :mod:`.parallel`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import importlib
 import os
 from collections.abc import Mapping
 from typing import Any
-
-from pydantic import ValidationError
 
 from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.storage.base import (
@@ -29,14 +28,14 @@ from flyte_checkpoint.storage.base import (
     VerifyingReader,
     copy_stream,
 )
-from flyte_checkpoint.storage.local import LocalBackend
 from flyte_checkpoint.storage.options import (
     STORES,
     TransferSettings,
     accepted_anywhere,
     check_names,
-    validation_error,
+    split_transfer,
 )
+from flyte_checkpoint.storage.stores.local import LocalBackend
 from flyte_checkpoint.uris import check_supported, is_local, scheme_of
 
 StorageOptions = Mapping[str, Any]
@@ -55,6 +54,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectWriter",
     "StorageOptions",
+    "TransferSettings",
     "VerifyingReader",
     "backend_for",
     "copy_object",
@@ -66,9 +66,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def local_fsync(storage_options: StorageOptions | None) -> bool:
-    """Whether local writes fsync: the ``fsync`` storage option, else ``FLYTE_CHECKPOINT_FSYNC``."""
-    given = (storage_options or {}).get(FSYNC_OPTION)
+def local_fsync(storage_options: StorageOptions | None, transfer: TransferSettings | None = None) -> bool:
+    """Whether local writes fsync: ``transfer.fsync`` or the ``fsync`` storage option, else
+    ``FLYTE_CHECKPOINT_FSYNC``."""
+    given = transfer.fsync if transfer is not None else (storage_options or {}).get(FSYNC_OPTION)
     if isinstance(given, bool):
         return given
     if given is not None:
@@ -82,29 +83,32 @@ def local_fsync(storage_options: StorageOptions | None) -> bool:
     )
 
 
-def check_local_options(options: StorageOptions) -> None:
-    """Refuse, for a local location, options no store accepts (a misspelling) and invalid
-    transfer settings: caught on the laptop, not first in production on S3."""
+def check_local_options(options: StorageOptions, transfer: TransferSettings | None = None) -> None:
+    """Refuse, for a local location, options no store accepts (a misspelling), invalid transfer
+    settings, and a setting given both ways: caught on the laptop, not first in production on S3."""
     if not options:
         return
     check_names(options, accepted_anywhere(), "any store (local disk takes the options of every store)")
-    try:
-        TransferSettings.from_storage_options(options)
-    except ValidationError as exc:
-        raise validation_error(exc, "local disk") from None
+    split_transfer(options, transfer, "local disk")
 
 
-def backend_for(uri: str, storage_options: StorageOptions | None = None) -> Backend:
-    """The backend that serves ``uri``; raises a clear error for unsupported schemes."""
+def backend_for(
+    uri: str, storage_options: StorageOptions | None = None, *, transfer: TransferSettings | None = None
+) -> Backend:
+    """The backend that serves ``uri``; raises a clear error for unsupported schemes.
+
+    ``transfer``: this package's settings (see :class:`~.options.TransferSettings`); without it
+    they are read from ``storage_options``, as before.
+    """
     check_supported(uri)
     if is_local(uri):
-        check_local_options(storage_options or {})
-        return _LOCAL[local_fsync(storage_options)]
-    from flyte_checkpoint.storage.fsspec_store import FsspecBackend
+        check_local_options(storage_options or {}, transfer)
+        return _LOCAL[local_fsync(storage_options, transfer)]
+    from flyte_checkpoint.storage.stores.fsspec_store import FsspecBackend
 
     module_name, _, class_name = STORES[scheme_of(uri)].partition(":")
     store: type[FsspecBackend] = getattr(importlib.import_module(module_name), class_name)
-    return store(storage_options)
+    return store(storage_options, transfer)
 
 
 def copy_object(

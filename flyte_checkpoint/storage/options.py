@@ -1,7 +1,7 @@
 """The storage options: which store takes which (the accepted-options table behind errors and the
-docs), this package's own transfer settings, and checking them before any client is built: names,
-values, and the few that fsspec implementations would otherwise accept and fail on only later (or
-never).
+docs), this package's own transfer settings, and checking them before any client is built: names and
+values (a store's own checks of values its client would accept and fail on only later, such as
+GCS's ``token``, live in its module in :mod:`~flyte_checkpoint.storage.stores`).
 
 Every refusal is a :class:`~flyte_checkpoint.errors.ConfigurationError` naming the option and
 what is accepted, on every backend: a misspelt option on local disk used to be accepted silently
@@ -16,7 +16,6 @@ import functools
 import importlib
 import inspect
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -30,16 +29,15 @@ from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
 logger = logging.getLogger("flyte_checkpoint")
 
 STORES = {
-    **dict.fromkeys(("s3", "s3a"), "flyte_checkpoint.storage.s3:S3Backend"),
-    **dict.fromkeys(("gs", "gcs"), "flyte_checkpoint.storage.gcs:GCSBackend"),
-    **dict.fromkeys(("abfs", "abfss", "az"), "flyte_checkpoint.storage.azure:AzureBackend"),
+    **dict.fromkeys(("s3", "s3a"), "flyte_checkpoint.storage.stores.s3:S3Backend"),
+    **dict.fromkeys(("gs", "gcs"), "flyte_checkpoint.storage.stores.gcs:GCSBackend"),
+    **dict.fromkeys(("abfs", "abfss", "az"), "flyte_checkpoint.storage.stores.azure:AzureBackend"),
 }
 """The backend class for each object-store URI scheme, one module per store, imported on first
 use so that a local-only program never imports fsspec."""
 
 REMOTE_STORES = ("s3", "gs", "abfs")
 _MiB = 1 << 20
-_GCSFS_TOKEN_WORDS = frozenset({"google_default", "cache", "anon", "browser", "cloud"})
 
 
 @functools.cache
@@ -68,63 +66,44 @@ def check_names(options: Mapping[str, Any], accepted: Iterable[str], where: str)
             raise unknown_option(str(name), allowed, where)
 
 
-def unknown_option(name: str, accepted: Sequence[str], where: str) -> ConfigurationError:
-    """The error for storage option ``name``, which ``where`` does not accept (empty ``accepted``:
-    the list could not be had)."""
+def unknown_option(
+    name: str, accepted: Sequence[str], where: str, noun: str = "storage option"
+) -> ConfigurationError:
+    """The error for storage option ``name`` (or another ``noun``), which ``where`` does not
+    accept (empty ``accepted``: the list could not be had)."""
     close = difflib.get_close_matches(name, accepted, n=1)
     suggestion = f" (did you mean {close[0]!r}?)" if close else ""
     listed = ", ".join(accepted) or "see the fsspec implementation's documentation"
     return ConfigurationError(
-        f"storage option {name!r} is not accepted by {where}{suggestion}; check its spelling or "
+        f"{noun} {name!r} is not accepted by {where}{suggestion}; check its spelling or "
         f"remove it. Accepted: {listed}"
     )
 
 
-def validation_error(exc: ValidationError, where: str) -> ConfigurationError:
-    """The :class:`ConfigurationError` for a transfer setting pydantic refused."""
+def validation_error(exc: ValidationError, where: str, noun: str = "storage option") -> ConfigurationError:
+    """The :class:`ConfigurationError` for a transfer setting pydantic refused (``noun``: how the
+    setting was given, a storage option or a ``TransferSettings`` field)."""
     problems = "; ".join(
-        f"storage option {'.'.join(str(part) for part in error['loc'])!r}={error.get('input')!r}: "
-        f"{error['msg']}"
+        f"{noun} {'.'.join(str(part) for part in error['loc'])!r}={error.get('input')!r}: {error['msg']}"
         for error in exc.errors()
     )
-    return ConfigurationError(f"invalid storage options for {where}: {problems}")
-
-
-def check_gcs_token(options: Mapping[str, Any]) -> None:
-    """Refuse a ``token`` naming a file that does not exist: gcsfs then falls back to Google's
-    token endpoint and fails with a ``requests.ConnectionError`` (or, online, a confusing 401)."""
-    token = options.get("token")
-    if not isinstance(token, str | os.PathLike) or str(token) in _GCSFS_TOKEN_WORDS:
-        return
-    path = os.fspath(token)
-    if not os.path.exists(path):
-        raise ConfigurationError(
-            f"storage option 'token' names {path!r}, which does not exist; give the path of a "
-            "service-account JSON file, a dict of its contents, or one of "
-            f"{', '.join(sorted(_GCSFS_TOKEN_WORDS))} (or leave it out to use "
-            "GOOGLE_APPLICATION_CREDENTIALS)"
-        )
-
-
-def constructor_error(exc: ValueError, scheme: str) -> ConfigurationError:
-    """The :class:`ConfigurationError` for a client constructor refusing its options (adlfs: a
-    malformed connection string, an account name without credentials or host)."""
-    return ConfigurationError(
-        f"the {scheme}:// storage options were refused by its client: {exc}; check "
-        "connection_string (DefaultEndpointsProtocol=...;AccountName=...;AccountKey=...;"
-        "BlobEndpoint=...) or account_name with account_key, sas_token or credential"
-        if scheme == "abfs"
-        else f"the {scheme}:// storage options were refused by its client: {exc}"
-    )
+    return ConfigurationError(f"invalid {noun}s for {where}: {problems}")
 
 
 class TransferSettings(BaseModel):
-    """How parallel a transfer is, and so how much memory it holds (:func:`transfer_memory`).
+    """This package's own transfer settings: how parallel a save or load is (and so how much
+    memory it holds, see :func:`~flyte_checkpoint.storage.parallel.sizing.transfer_memory`), how
+    long it may take, and whether local writes are fsynced.
 
-    Read from ``storage_options`` by :meth:`from_storage_options`.
+    Give them as ``transfer=TransferSettings(...)`` (to :class:`~flyte_checkpoint.Checkpoint`,
+    the task context, the state and distributed managers, ``--transfer`` on the command line);
+    ``storage_options`` then go to the store's client as given. The same names inside
+    ``storage_options`` are still read (:meth:`from_storage_options`), for compatibility; giving
+    one both ways is refused. Frozen and validated: a misspelt or invalid field raises
+    :class:`~flyte_checkpoint.errors.ConfigurationError` naming it and what is accepted.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_concurrency: int = Field(default=8, ge=1, le=64)
     """Upload parts or download ranges in flight at once (storage option ``max_concurrency``)."""
@@ -149,6 +128,10 @@ class TransferSettings(BaseModel):
     stale_upload_age: float = Field(default=3600.0, ge=0)
     """Incomplete uploads to the same destination older than this many seconds are aborted by
     the next large save: they were left by a killed save (storage option ``stale_upload_age``)."""
+    fsync: bool | None = Field(default=None, strict=True)
+    """Whether writes to local disk are fsynced (the file, then its directory), durable against
+    power loss; ``None``: as ``FLYTE_CHECKPOINT_FSYNC`` says (default off). Object stores ignore
+    it: an upload is durable once complete (storage option ``fsync``)."""
 
     OPTIONS: ClassVar[tuple[str, ...]] = (
         "part_size",
@@ -160,6 +143,19 @@ class TransferSettings(BaseModel):
     """Storage options that belong to this module alone (``max_concurrency`` is also s3fs's and
     adlfs's name for the same thing, so it is read but left for them)."""
 
+    def __init__(self, **settings: Any) -> None:
+        """Refuse, as :class:`~flyte_checkpoint.errors.ConfigurationError`, a field that does
+        not exist (naming the closest one and every accepted one) and an invalid value."""
+        fields = tuple(type(self).model_fields)
+        for name in settings:
+            if name not in fields:
+                raise unknown_option(name, fields, "TransferSettings", noun="transfer setting")
+        try:
+            super().__init__(**settings)
+        except ValidationError as exc:
+            # The pydantic error stays as the cause: from_storage_options words it as storage options.
+            raise validation_error(exc, "TransferSettings", noun="transfer setting") from exc
+
     @classmethod
     def from_storage_options(cls, options: Mapping[str, Any]) -> tuple[TransferSettings, dict[str, Any]]:
         """The settings found in ``options``, and ``options`` without the keys only this module reads."""
@@ -167,7 +163,12 @@ class TransferSettings(BaseModel):
         given = {key: rest.pop(key) for key in cls.OPTIONS if key in rest}
         if "max_concurrency" in rest:
             given["max_concurrency"] = rest["max_concurrency"]
-        return cls.model_validate(given), rest
+        try:
+            return cls(**given), rest
+        except ConfigurationError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise exc.__cause__ from None  # worded by the caller, who knows the store
+            raise
 
     def policy(self) -> RetryPolicy:
         """The retries of one part or range request (see :mod:`~flyte_checkpoint.storage.retry`)."""
@@ -178,6 +179,32 @@ class TransferSettings(BaseModel):
     ) -> TransferBound:
         """The overall time bound of one save or load of ``size`` bytes (``None``: unknown yet)."""
         return TransferBound(uri, action, loop=loop, seconds=self.transfer_timeout, size=size)
+
+
+def split_transfer(
+    storage_options: Mapping[str, Any] | None, transfer: TransferSettings | None, where: str
+) -> tuple[TransferSettings, dict[str, Any]]:
+    """The transfer settings of one backend, and the options for its store's client.
+
+    Without ``transfer`` the settings are read from ``storage_options`` (the older spelling,
+    kept for compatibility), and the keys only this package reads are taken out. With it,
+    ``storage_options`` are the client's as given, and may not hold any of those keys (nor
+    ``fsync``): a setting given both ways is refused rather than one of them silently ignored.
+    """
+    options = dict(storage_options or {})
+    if transfer is None:
+        try:
+            return TransferSettings.from_storage_options(options)
+        except ValidationError as exc:
+            raise validation_error(exc, where) from None
+    both = [name for name in (*TransferSettings.OPTIONS, FSYNC_OPTION) if name in options]
+    if both:
+        raise ConfigurationError(
+            f"{', '.join(map(repr, both))} given both in storage_options and as transfer="
+            f"TransferSettings(...) for {where}; give each setting once, in transfer= (the storage "
+            "option spelling is the older one)"
+        )
+    return transfer, options
 
 
 _FSSPEC_OPTIONS = frozenset(

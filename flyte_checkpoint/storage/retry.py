@@ -12,7 +12,7 @@ The retry budget, and where it lives. Retries happen at exactly two layers, each
    part or range on its own, ``part_attempts`` times (storage option, default
    :data:`REQUEST_ATTEMPTS`). On S3 and Azure they add nothing to the client's count: a request
    botocore or the Azure SDK already retried fails at once
-   (:func:`~.parallel.mark_retried_by_client`), so ``part_attempts`` covers only a response
+   (:func:`~.parallel.retries.mark_retried_by_client`), so ``part_attempts`` covers only a response
    body that broke off mid-way (neither client retries a body once it is streaming). GCS part
    and range requests bypass gcsfs's loop, so ``part_attempts`` is their only per-request layer.
 2. **One transfer**, in :mod:`flyte_checkpoint.transfer`: :class:`RetryPolicy` around a whole

@@ -13,12 +13,13 @@ import os
 import pickle
 import queue
 import signal
-import socket
 import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from benchmarks.lib.processes import free_port
 
 PRELOAD = [
     "torch",
@@ -46,13 +47,6 @@ class Outcome:
     results: dict[int, Any]
     errors: dict[int, str]
     exit_codes: dict[int, int | None]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _rank_main(

@@ -23,7 +23,7 @@ from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.preemption import handler, notice
 from tests.distributed import ranks
 from tests.distributed.checks import load_here
-from tests.signals.processes import running
+from tests.faults.signals.processes import running
 from tests.stores import Store
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -31,11 +31,11 @@ from flyte_checkpoint.cli import (
     main,
 )
 from flyte_checkpoint.state import CheckpointManager, StateCheckpoint
+from tests.cli.test_cli_commands import Counter
 from tests.conftest import damage_in_place
 from tests.hardening.test_command_outcomes import COMMAND, command
 from tests.storage.conftest import remote_for
 from tests.storage_servers import StorageServer
-from tests.test_cli_commands import Counter
 
 REPO = Path(__file__).resolve().parents[2]
 

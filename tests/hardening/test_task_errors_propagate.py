@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint import CheckpointStorageError, current_checkpoint, run_with_retries
-from flyte_checkpoint.storage.local import LocalBackend
+from flyte_checkpoint.storage.stores.local import LocalBackend
 
 
 def test_the_tasks_error_propagates_with_the_failed_background_save_attached(

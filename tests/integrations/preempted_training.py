@@ -28,8 +28,8 @@ from typing import Any
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.errors import Preempted
 from flyte_checkpoint.preemption import current_notice, install_preemption_handler
+from tests.faults.signals.processes import running
 from tests.integrations.examples import load_example
-from tests.signals.processes import running
 
 NOTICE_TIMEOUT = 30.0
 

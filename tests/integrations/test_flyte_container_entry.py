@@ -23,9 +23,9 @@ from flyte._internal.runtime.io import load_outputs
 from flyteidl2.core import execution_pb2  # type: ignore[import-untyped]
 
 from flyte_checkpoint.integrations.flyte import PREEMPTED_ERROR_CODE
+from tests.faults.signals.processes import running
 from tests.integrations.flyte_tasks import count_until_preempted, count_until_preempted_async
 from tests.runner_programs import STEPS
-from tests.signals.processes import running
 
 RESOLVER = "flyte._internal.resolvers.default.DefaultTaskResolver"
 TASK_MODULE = "tests.integrations.flyte_container"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.faults.signals.processes import running
 from tests.runner_programs import STEPS
-from tests.signals.processes import running
 
 PROGRAM = "tests.integrations.flyte_local_run"
 

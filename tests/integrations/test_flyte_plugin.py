@@ -30,7 +30,7 @@ import flyte_checkpoint.integrations.flyte as flyte_plugin
 import flyte_checkpoint.running
 from flyte_checkpoint import CheckpointPaths, ConfigurationError, TaskContext, task_context
 from flyte_checkpoint.storage import FORMAT_KEY
-from flyte_checkpoint.storage.local import XATTR_NAME, decode_record
+from flyte_checkpoint.storage.stores.local import XATTR_NAME, decode_record
 from tests.conftest import tree_of
 from tests.integrations.examples import EXAMPLES
 from tests.integrations.flyte_tasks import (

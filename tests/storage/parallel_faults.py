@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flyte_checkpoint.storage.parallel import PartBody
+from flyte_checkpoint.storage.parallel.bodies import PartBody
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 from flyte_checkpoint import Checkpoint, CheckpointCorruptError
 from flyte_checkpoint.storage import DIGEST_KEY, backend_for
 from flyte_checkpoint.storage.digests import ContentDigest, digest_of
-from flyte_checkpoint.storage.local import XATTR_NAME, decode_record, encode_record
+from flyte_checkpoint.storage.stores.local import XATTR_NAME, decode_record, encode_record
 
 
 def record_digest(target: Path, digest: bytes) -> None:

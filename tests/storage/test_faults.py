@@ -22,7 +22,7 @@ import pytest
 from flyte_checkpoint import Checkpoint, CheckpointError, CheckpointUnavailableError
 from flyte_checkpoint.cli import main
 from flyte_checkpoint.storage.retry import RetryPolicy
-from flyte_checkpoint.storage.s3_parallel import S3Object
+from flyte_checkpoint.storage.stores.s3 import S3Object
 from tests.fault_proxy import FaultProxy, drop_mid_request, drop_mid_response, stall, status
 from tests.storage.conftest import Remote
 

@@ -19,7 +19,7 @@ from flyte_checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStora
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, SIZE_KEY, backend_for, copy_object
 from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
-from flyte_checkpoint.storage.local import (
+from flyte_checkpoint.storage.stores.local import (
     STAMP_KEY,
     decode_record,
     encode_record,

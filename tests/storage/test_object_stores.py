@@ -22,10 +22,12 @@ from flyte_checkpoint import (
     run_with_retries,
 )
 from flyte_checkpoint import archive as archive_module
-from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object, fsspec_store, parallel
+from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, backend_for, copy_object
 from flyte_checkpoint.storage.options import TransferSettings
-from flyte_checkpoint.storage.parallel import PartBody
-from flyte_checkpoint.storage.s3_parallel import MAX_PARTS, S3Object
+from flyte_checkpoint.storage.parallel import sizing
+from flyte_checkpoint.storage.parallel.bodies import PartBody
+from flyte_checkpoint.storage.stores import fsspec_store
+from flyte_checkpoint.storage.stores.s3 import MAX_PARTS, S3Object
 from tests.conftest import tree_of
 from tests.storage.conftest import Remote
 
@@ -97,7 +99,7 @@ def test_an_object_past_the_multipart_threshold_round_trips(remote: Remote, tmp_
 def test_s3_parts_that_grow_mid_upload_round_trip(
     remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(parallel, "_PART_GROWTH", 2)  # parts of half the bytes written so far
+    monkeypatch.setattr(sizing, "_PART_GROWTH", 2)  # parts of half the bytes written so far
     upload_part, parts = S3Object.upload_part, []
 
     async def recording(self: S3Object, upload_id: str, number: int, body: PartBody) -> str:
@@ -119,17 +121,17 @@ def test_s3_parts_that_grow_mid_upload_round_trip(
 
 def test_s3_parts_stay_within_its_limits_up_to_its_largest_object() -> None:
     settings = TransferSettings()
-    assert parallel.part_size_for(settings, MAX_PARTS, None, 0) == 8 << 20
+    assert sizing.part_size_for(settings, MAX_PARTS, None, 0) == 8 << 20
     sent = parts = 0
     while sent < 5 << 40:  # 5 TiB, S3's largest object, in parts of at most 5 GiB, at most 10,000
-        part = parallel.part_size_for(settings, MAX_PARTS, None, sent)
+        part = sizing.part_size_for(settings, MAX_PARTS, None, sent)
         assert part <= 5 << 30
         sent += part
         parts += 1
     assert parts <= MAX_PARTS
     # A known size fixes the part size up front: the smallest that fits in 10,000 parts.
-    assert parallel.part_size_for(settings, MAX_PARTS, 200 << 30, 0) == 21 << 20
-    assert parallel.part_size_for(settings, MAX_PARTS, 1 << 30, 0) == 8 << 20
+    assert sizing.part_size_for(settings, MAX_PARTS, 200 << 30, 0) == 21 << 20
+    assert sizing.part_size_for(settings, MAX_PARTS, 1 << 30, 0) == 8 << 20
 
 
 def test_checkpoints_built_with_the_same_options_share_one_client(remote: Remote) -> None:

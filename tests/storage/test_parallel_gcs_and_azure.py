@@ -21,19 +21,16 @@ import pytest
 from fsspec.asyn import sync
 
 from flyte_checkpoint.errors import CheckpointPermissionError, CheckpointUnavailableError, InputChangedError
-from flyte_checkpoint.storage import gcs_parallel
-from flyte_checkpoint.storage.azure import AzureBackend
-from flyte_checkpoint.storage.azure_parallel import BlocksDiscardedError
 from flyte_checkpoint.storage.base import FORMAT_KEY, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
-from flyte_checkpoint.storage.fsspec_store import FsspecBackend
-from flyte_checkpoint.storage.gcs import GCSBackend
 from flyte_checkpoint.storage.options import TransferSettings
-from flyte_checkpoint.storage.parallel import (
-    ObjectReplacedError,
-    ParallelWriter,
-    transfer_memory,
-)
+from flyte_checkpoint.storage.parallel.contract import ObjectReplacedError
+from flyte_checkpoint.storage.parallel.sizing import transfer_memory
+from flyte_checkpoint.storage.parallel.writer import ParallelWriter
+from flyte_checkpoint.storage.stores import gcs as gcs_store
+from flyte_checkpoint.storage.stores.azure import AzureBackend, BlocksDiscardedError
+from flyte_checkpoint.storage.stores.fsspec_store import FsspecBackend
+from flyte_checkpoint.storage.stores.gcs import GCSBackend
 from tests.storage.conftest import Remote, remote_for
 from tests.storage.parallel_faults import FaultyTarget
 
@@ -269,7 +266,7 @@ class ClockTwoHoursAhead(datetime):
 
 def leftover_part(store: Store, key: str, upload_id: str = "0" * 32) -> str:
     """A temporary part object as a killed save leaves it."""
-    name = f"{key}{gcs_parallel.PARTS_SUFFIX}/{upload_id}/00001"
+    name = f"{key}{gcs_store.PARTS_SUFFIX}/{upload_id}/00001"
     store.backend.fs.pipe_file(store.uri(name), b"part of a killed save")
     return name
 
@@ -277,7 +274,7 @@ def leftover_part(store: Store, key: str, upload_id: str = "0" * 32) -> str:
 def test_gcs_parts_beyond_one_compose_are_composed_in_rounds(
     gcs: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gcs_parallel, "COMPOSE_SOURCES", 2)  # 5 parts: 3 rounds, not 32+ parts
+    monkeypatch.setattr(gcs_store, "COMPOSE_SOURCES", 2)  # 5 parts: 3 rounds, not 32+ parts
     data = os.urandom(4 * PART + 7)
     save(gcs, "obj", data)
     got, verifying = load(gcs.backend.open_read(gcs.uri("obj")))
@@ -310,7 +307,7 @@ def test_gcs_part_ages_are_read_on_the_stores_clock_not_the_clients(
     gcs: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     running = leftover_part(gcs, "obj")  # another save's part, sent just now
-    monkeypatch.setattr(gcs_parallel, "datetime", ClockTwoHoursAhead)
+    monkeypatch.setattr(gcs_store, "datetime", ClockTwoHoursAhead)
     save(store_for(gcs.remote, stale_upload_age=3600), "obj", os.urandom(PART + 1))
     assert gcs.keys() == ["obj", running]
 

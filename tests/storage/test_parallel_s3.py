@@ -33,21 +33,16 @@ from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import DIGEST_KEY, FORMAT_KEY, ObjectInfo, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.options import TransferSettings
-from flyte_checkpoint.storage.parallel import (
-    FilePartBody,
-    MemoryPartBody,
-    ObjectReplacedError,
-    ParallelReader,
-    ParallelWriter,
-    PartBody,
-    RangeBody,
-    mark_retried_by_client,
-    transfer_memory,
-)
-from flyte_checkpoint.storage.s3 import S3Backend
-from flyte_checkpoint.storage.s3_parallel import S3Object, open_s3_reader, open_s3_writer
+from flyte_checkpoint.storage.parallel.bodies import FilePartBody, MemoryPartBody, PartBody
+from flyte_checkpoint.storage.parallel.contract import ObjectReplacedError, RangeBody
+from flyte_checkpoint.storage.parallel.reader import ParallelReader
+from flyte_checkpoint.storage.parallel.retries import mark_retried_by_client
+from flyte_checkpoint.storage.parallel.sizing import transfer_memory
+from flyte_checkpoint.storage.parallel.writer import ParallelWriter
+from flyte_checkpoint.storage.stores.s3 import S3Backend, S3Object
 from tests.fault_proxy import FaultProxy, drop_before_response
 from tests.storage.parallel_faults import FaultyTarget, Wrapped
+from tests.storage.s3_direct import open_s3_reader, open_s3_writer
 from tests.storage_servers import StorageServer, create_bucket
 
 PART = 5 << 20  # S3's smallest part: moto re-reads a whole object per ranged GET, so keep them few
@@ -534,8 +529,8 @@ _MEASURE = """
 import json, resource, sys
 from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.options import TransferSettings
-from flyte_checkpoint.storage.s3 import S3Backend
-from flyte_checkpoint.storage.s3_parallel import open_s3_reader, open_s3_writer
+from flyte_checkpoint.storage.stores.s3 import S3Backend
+from tests.storage.s3_direct import open_s3_reader, open_s3_writer
 
 options, uri, path, settings = json.loads(sys.argv[1])
 settings = TransferSettings(**settings)

@@ -1,0 +1,280 @@
+"""Background saves: return after a snapshot, upload in a worker, isolate later writes, surface failures."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyte_checkpoint import Checkpoint, CheckpointStorageError, InputChangedError, ctx, run_with_retries
+from flyte_checkpoint import archive as archive_module
+from flyte_checkpoint.saving.background import BackgroundSaver
+from flyte_checkpoint.saving.job import SaveJob
+from flyte_checkpoint.saving.snapshot import Snapshot
+from flyte_checkpoint.storage import backend_for
+from flyte_checkpoint.storage.base import WriteGate
+from tests.conftest import tree_of
+from tests.saving.faults import failing_uploads, restore, stall_uploads, stalled_checkpoint
+
+
+def test_a_background_save_returns_before_the_upload_and_lands_after_wait(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp, gate = stalled_checkpoint(target, monkeypatch)
+    cp.save_sync(model_dir, background=True)
+    assert not target.exists()
+    gate.set()
+    cp.wait_sync()
+    assert tree_of(restore(target)) == tree_of(model_dir)
+
+
+def test_files_replaced_or_added_after_the_snapshot_do_not_leak_into_the_object(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = tree_of(model_dir)
+    cp = Checkpoint(str(tmp_path / "obj"))
+    gate = threading.Event()
+    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp.save_sync(model_dir, background=True)
+    replacement = model_dir / "weights.bin.tmp"
+    replacement.write_bytes(b"new weights")
+    os.replace(replacement, model_dir / "weights.bin")
+    (model_dir / "config.json").unlink()
+    (model_dir / "added-later.txt").write_text("late")
+    gate.set()
+    cp.wait_sync()
+    assert tree_of(restore(tmp_path / "obj")) == expected
+
+
+def test_a_file_overwritten_in_place_during_upload_fails_that_save_and_keeps_the_old_object(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    cp.save_sync(b"old checkpoint")
+    original_pack = archive_module.pack_directory
+
+    def pack_while_training_writes(source: Path, sink: Any, *, level: int) -> None:
+        with open(model_dir / "weights.bin", "r+b") as weights:  # the trainer rewrites in place
+            weights.write(b"CHANGED")
+        original_pack(source, sink, level=level)
+
+    monkeypatch.setattr(archive_module, "pack_directory", pack_while_training_writes)
+    cp.save_sync(model_dir, background=True)
+    with pytest.raises(InputChangedError, match=r"weights\.bin was modified in place"):
+        cp.wait_sync()
+    assert target.read_bytes() == b"old checkpoint"
+
+
+def test_a_newer_background_save_supersedes_the_queued_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    started = stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp.save_sync(b"step 0", background=True)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:  # step 0 is in flight, held at the gate
+        time.sleep(0.001)
+    for step in range(1, 5):
+        cp.save_sync(f"step {step}".encode(), background=True)
+    gate.set()
+    cp.wait_sync()
+    assert target.read_bytes() == b"step 4"
+    assert cp._saves.superseded == 3
+    assert len(started) == 2
+
+
+def test_a_background_failure_is_raised_by_the_next_save(tmp_path: Path) -> None:
+    (tmp_path / "a-directory").mkdir()
+    cp = Checkpoint(str(tmp_path / "a-directory"))
+    cp.save_sync(b"cannot land", background=True)
+    with pytest.raises(CheckpointStorageError, match="is a directory"):
+        cp.save_sync(b"next")
+
+
+def test_a_background_failure_is_raised_by_close(tmp_path: Path) -> None:
+    (tmp_path / "a-directory").mkdir()
+    cp = Checkpoint(str(tmp_path / "a-directory"))
+    cp.save_sync(b"cannot land", background=True)
+    workspace = Path(str(cp.path))
+    with pytest.raises(CheckpointStorageError):
+        cp.close()
+    assert not workspace.exists()
+
+
+def test_a_blocking_save_lands_after_earlier_background_saves(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    cp.save_sync(os.urandom(1 << 20), background=True)
+    cp.save_sync(b"final")
+    assert target.read_bytes() == b"final"
+
+
+def test_snapshots_are_removed_after_the_upload(tmp_path: Path, model_dir: Path) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    cp.save_sync(model_dir, background=True)
+    cp.wait_sync()
+    leftovers = [p for p in model_dir.parent.iterdir() if p.name.startswith(".flyte-cp-snapshot-")]
+    assert leftovers == []
+
+
+def test_a_background_save_of_a_missing_path_fails_at_once(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Checkpoint(str(tmp_path / "obj")).save_sync(tmp_path / "missing", background=True)
+
+
+def test_the_retry_runner_flushes_background_saves_before_an_attempt_ends(tmp_path: Path) -> None:
+    def task() -> None:
+        context = ctx()
+        assert context is not None
+        assert context.checkpoint is not None
+        context.checkpoint.save_sync(os.urandom(4 << 20), background=True)
+
+    run_with_retries(task, retries=0, checkpoint_dir=tmp_path)
+    assert (tmp_path / "checkpoint").stat().st_size == 4 << 20
+
+
+async def test_an_async_background_save_returns_before_the_upload_and_wait_flushes_it(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp, gate = stalled_checkpoint(target, monkeypatch)
+    await cp.save(model_dir, background=True)  # returns although the upload cannot write yet
+    assert not target.exists()
+    gate.set()
+    await cp.wait()
+    assert tree_of(restore(target)) == tree_of(model_dir)
+
+
+def test_an_upload_in_flight_holds_its_writes_while_the_caller_takes_the_next_snapshot(
+    tmp_path: Path,
+) -> None:
+    target = str(tmp_path / "obj")
+    writing, wrote = threading.Event(), threading.Event()
+
+    def upload(job: SaveJob, gate: WriteGate) -> None:
+        writer = backend_for(target).open_write(target, {}, gate=gate)
+        writing.set()
+        writer.write(b"data")
+        wrote.set()
+        writer.commit()
+
+    saver = BackgroundSaver(upload, target)
+    with saver.paused():
+        saver.submit(SaveJob(Snapshot(b"data"), ticket=1))
+        assert writing.wait(5)
+        assert not wrote.wait(0.3), "the write should wait for the snapshot to be taken"
+    assert wrote.wait(5)
+    saver.wait()
+    assert Path(target).read_bytes() == b"data"
+
+
+def test_a_superseded_save_that_failed_is_logged_not_raised_once_a_newer_save_succeeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    backend = cp._dest_backend
+    original = backend.open_write
+    in_flight, release = threading.Event(), threading.Event()
+
+    def first_upload_fails(uri: str, metadata: Any, **declared: Any) -> Any:
+        if not in_flight.is_set():  # fault injection: the store refuses the first upload
+            in_flight.set()
+            assert release.wait(30), "test gate never opened"
+            raise CheckpointStorageError("injected: the store refused step 1")
+        return original(uri, metadata, **declared)
+
+    monkeypatch.setattr(backend, "open_write", first_upload_fails)
+    cp.save_sync(b"step 1", background=True)
+    assert in_flight.wait(30)
+    cp.save_sync(b"step 2", background=True)  # queued behind the failing upload
+    release.set()
+    with caplog.at_level(logging.WARNING, logger="flyte_checkpoint"):
+        cp.wait_sync()
+    assert target.read_bytes() == b"step 2"
+    assert [record.levelno for record in caplog.records] == [logging.WARNING]
+    assert "injected: the store refused step 1" in caplog.records[0].getMessage()
+
+
+def test_the_newest_failure_is_raised_when_every_save_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    backend = cp._dest_backend
+    in_flight, release = threading.Event(), threading.Event()
+    attempts: list[str] = []
+
+    def every_upload_fails(uri: str, metadata: Any, **declared: Any) -> Any:
+        attempts.append(uri)
+        in_flight.set()
+        assert release.wait(30), "test gate never opened"
+        raise CheckpointStorageError(f"injected failure {len(attempts)}")
+
+    monkeypatch.setattr(backend, "open_write", every_upload_fails)
+    cp.save_sync(b"step 1", background=True)
+    assert in_flight.wait(30)
+    cp.save_sync(b"step 2", background=True)
+    release.set()
+    with pytest.raises(CheckpointStorageError, match="injected failure 2"):
+        cp.wait_sync()
+
+
+def test_the_info_line_of_a_background_save_names_the_callers_directory(
+    tmp_path: Path, model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    with caplog.at_level(logging.INFO, logger="flyte_checkpoint"):
+        cp.save_sync(model_dir, background=True)
+        cp.wait_sync()
+    (saved,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("saved")]
+    assert f"directory {model_dir}:" in saved
+    assert ".flyte-cp-snapshot-" not in saved
+
+
+def save_then_fail(cp: Checkpoint) -> None:
+    with cp:
+        cp.save_sync(b"step 1", background=True)
+        raise KeyError("the task's own error")
+
+
+def test_the_tasks_own_error_leaves_a_with_block_with_the_background_failure_attached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    failing_uploads(monkeypatch, cp)
+    with pytest.raises(KeyError, match="the task's own error") as raised:
+        save_then_fail(cp)
+    assert any("injected upload failure" in note for note in getattr(raised.value, "__notes__", []))
+
+
+async def test_the_tasks_own_error_leaves_an_async_with_block_as_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    failing_uploads(monkeypatch, cp)
+
+    async def task() -> None:
+        async with cp:
+            await cp.save(b"step 1", background=True)
+            raise KeyError("the task's own error")
+
+    with pytest.raises(KeyError, match="the task's own error"):
+        await task()
+
+
+def test_a_background_failure_still_leaves_a_with_block_that_ended_normally(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cp = Checkpoint(str(tmp_path / "obj"))
+    failing_uploads(monkeypatch, cp)
+    with pytest.raises(CheckpointStorageError, match="injected upload failure"), cp:
+        cp.save_sync(b"step 1", background=True)
