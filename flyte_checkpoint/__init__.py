@@ -12,6 +12,7 @@ from flyte_checkpoint.checkpoint import (
     SaveData,
 )
 from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, current_checkpoint, task_context
+from flyte_checkpoint.earlier_attempts import RestoredFrom
 from flyte_checkpoint.errors import (
     ArchiveIndexError,
     ArchiveLimitError,
@@ -37,10 +38,9 @@ from flyte_checkpoint.errors import (
     UnsupportedURIError,
     UntrustedContentError,
 )
-from flyte_checkpoint.latest import latest_checkpoint
+from flyte_checkpoint.newest_file import latest_checkpoint
 from flyte_checkpoint.preemption import PreemptionNotice, install_preemption_handler
 from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.resume import RestoredFrom
 from flyte_checkpoint.runners import (
     checkpoint_paths_for_run,
     load_and_run_task,

@@ -14,6 +14,12 @@ from types import TracebackType
 
 from flyte_checkpoint import archive, running
 from flyte_checkpoint.archive import ExtractionLimits
+from flyte_checkpoint.earlier_attempts import (
+    MAX_WALK_BACK,
+    RestoredFrom,
+    discard_earlier_uploads,
+    restore_newest,
+)
 from flyte_checkpoint.environment import attempt_number_from_env
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
@@ -32,7 +38,6 @@ from flyte_checkpoint.incremental import (
 )
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.resume import MAX_WALK_BACK, RestoredFrom, discard_earlier_uploads, restore_newest
 from flyte_checkpoint.saving import Destination, SaveScheduler, SaveTimes
 from flyte_checkpoint.storage import (
     Backend,
@@ -287,7 +292,7 @@ class Checkpoint(BaseCheckpoint):
         if current is None:
             raise RuntimeError("no preemption notice was received; check checkpoint.preempted first")
         unsettled = self._saves.settle()
-        saved = self._saves.budget.committed_since(current.received_at)
+        saved = self._saves.durations.committed_since(current.received_at)
         if saved:
             detail = (
                 f"the checkpoint saved after the notice committed to {self._dest}; the next "
@@ -325,7 +330,7 @@ class Checkpoint(BaseCheckpoint):
         When the previous checkpoint is absent or empty and its URI lies under a
         per-attempt directory (``…/{run_name}/{action_name}/{n}/…``, names known), the load
         walks back: it restores the newest of up to 16 earlier attempts that saved
-        (:mod:`flyte_checkpoint.resume`), skipping damaged ones with a WARNING, and
+        (:mod:`flyte_checkpoint.earlier_attempts`), skipping damaged ones with a WARNING, and
         :attr:`restored_from` says which; local paths and ``file://`` URIs in that layout walk
         back too. An attempt after the first that finds nothing says so at WARNING.
 
@@ -371,7 +376,7 @@ class Checkpoint(BaseCheckpoint):
 
     def _discard_earlier_uploads(self) -> None:
         """Abort, in the background, what killed saves of earlier attempts left unfinished on
-        the store (:func:`~flyte_checkpoint.resume.discard_earlier_uploads`): once per helper,
+        the store (:func:`~flyte_checkpoint.earlier_attempts.discard_earlier_uploads`): once per helper,
         at its first load or save, which is where an attempt starts."""
         if self._earlier_uploads_discarded:
             return

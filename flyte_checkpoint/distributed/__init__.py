@@ -14,14 +14,11 @@ every item it reads. :class:`DistributedCheckpointManager` adds numbered steps, 
 fall-back; :func:`task_locations` gives the roots of a Flyte task attempt.
 """
 
-from flyte_checkpoint.distributed.manager import (
-    DistributedCheckpointManager,
-    RestoredStep,
-    checkpoint_failure,
-)
+from flyte_checkpoint.distributed.manager import DistributedCheckpointManager, checkpoint_failure
 from flyte_checkpoint.distributed.reader import CheckpointReader, CommittedMetadata, read_committed_metadata
 from flyte_checkpoint.distributed.task import DistributedLocations, task_locations
 from flyte_checkpoint.distributed.writer import CheckpointWriter, Retention
+from flyte_checkpoint.steps import RestoredStep
 
 __all__ = [
     "CheckpointReader",

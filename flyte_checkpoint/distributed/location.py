@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from flyte_checkpoint.distributed import _commit
+from flyte_checkpoint.distributed import _state_bridge
 from flyte_checkpoint.errors import CheckpointError
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.storage import Backend, StorageOptions
@@ -23,7 +23,7 @@ class CheckpointLocation:
         progress: ProgressCallback | None = None,
         transfer: TransferSettings | None = None,
     ) -> None:
-        self.root = _commit.root_of(checkpoint_dir)
+        self.root = _state_bridge.root_of(checkpoint_dir)
         self.storage_options = dict(storage_options) if storage_options is not None else None
         self.transfer = transfer
         """This package's transfer settings (``None``: read from :attr:`storage_options`)."""
@@ -44,7 +44,7 @@ class CheckpointLocation:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            self._backend = _commit.backend_of(self.root, self.storage_options, self.transfer)
+            self._backend = _state_bridge.backend_of(self.root, self.storage_options, self.transfer)
         return self._backend
 
     @property
@@ -63,7 +63,7 @@ class CheckpointLocation:
         """Point at ``checkpoint_id`` when DCP gives one (``reset``); whether the root changed."""
         if not checkpoint_id:
             return False
-        root = _commit.root_of(checkpoint_id)
+        root = _state_bridge.root_of(checkpoint_id)
         if root == self.root:
             return False
         self.root = root

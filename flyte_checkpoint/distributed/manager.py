@@ -12,14 +12,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from flyte_checkpoint.distributed import _commit
+from flyte_checkpoint.distributed import _state_bridge
 from flyte_checkpoint.distributed.reader import CheckpointReader, CommittedMetadata, read_committed_metadata
 from flyte_checkpoint.distributed.writer import CheckpointWriter, Retention
 from flyte_checkpoint.errors import (
@@ -32,6 +31,7 @@ from flyte_checkpoint.errors import (
 )
 from flyte_checkpoint.preemption import handler, notice, ranks
 from flyte_checkpoint.progress import ProgressCallback, log_transfer
+from flyte_checkpoint.steps import RestoredStep, check_step
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.deadline import finish_by
 from flyte_checkpoint.storage.options import TransferSettings
@@ -42,23 +42,6 @@ if TYPE_CHECKING:  # recent torch only; named in a return annotation alone
 logger = logging.getLogger("flyte_checkpoint")
 
 T = TypeVar("T")
-
-
-class RestoredStep(BaseModel):
-    """What :meth:`DistributedCheckpointManager.load` restored, and from where."""
-
-    model_config = ConfigDict(frozen=True)
-
-    step: int
-    version_id: str
-    checkpoint_dir: str
-    metadata: dict[str, Any]
-
-
-def _check_step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise InvalidCheckpointInputError(f"step must be a non-negative int, not {step!r}")
-    return step
 
 
 def checkpoint_failure(exc: BaseException) -> CheckpointError | None:
@@ -114,8 +97,8 @@ class DistributedCheckpointManager:
             isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
         ):
             raise InvalidCheckpointInputError(f"keep_last must be a positive int or None, not {keep_last!r}")
-        self.root = _commit.root_of(root)
-        self.resume_from = _commit.root_of(resume_from) if resume_from is not None else None
+        self.root = _state_bridge.root_of(root)
+        self.resume_from = _state_bridge.root_of(resume_from) if resume_from is not None else None
         self.keep_last = keep_last
         self.storage_options = dict(storage_options) if storage_options is not None else None
         self.transfer = transfer
@@ -131,11 +114,11 @@ class DistributedCheckpointManager:
         """The step the last :meth:`save` committed, and when (``time.monotonic()``)."""
 
     def checkpoint_dir(self, step: int) -> str:
-        return _commit.step_dir(self.root, _check_step(step))
+        return _state_bridge.step_dir(self.root, check_step(step))
 
     def steps(self) -> list[int]:
         """The committed steps under ``root``, oldest first (a plain listing: call it on any rank)."""
-        return _commit.committed_steps(self.root, self.storage_options, self.transfer)
+        return _state_bridge.committed_steps(self.root, self.storage_options, self.transfer)
 
     def latest_step(self) -> int | None:
         steps = self.steps()
@@ -147,7 +130,7 @@ class DistributedCheckpointManager:
         """The storage writer of ``step``, carrying this manager's retention."""
         retention = None
         if self.keep_last is not None:
-            protect = {_check_step(step)} | ({self.resumed_step} if self.resumed_step is not None else set())
+            protect = {check_step(step)} | ({self.resumed_step} if self.resumed_step is not None else set())
             retention = Retention(self.root, self.keep_last, frozenset(protect))
         return CheckpointWriter(
             self.checkpoint_dir(step),
@@ -178,7 +161,7 @@ class DistributedCheckpointManager:
         previous step stays the newest committed one.
         """
         writer = self.writer(step, metadata=metadata, progress=progress)
-        with notice.save_in_flight(), finish_by(notice.save_ceiling()):
+        with notice.save_in_flight(), finish_by(notice.save_deadline()):
             dcp_save(state_dict, storage_writer=writer, process_group=self.process_group)
         self._last_commit = (step, time.monotonic())
 
@@ -230,7 +213,7 @@ class DistributedCheckpointManager:
         with nothing saved while this answered ``False``. Called from another thread then, it
         raises :class:`ConfigurationError`, since signal handlers can be set in the main thread only.
         """
-        step = _check_step(step)
+        step = check_step(step)
         self._install_handler()
         return ranks.reached_preemption(step, self.process_group)
 
@@ -300,14 +283,14 @@ class DistributedCheckpointManager:
         raised as is. An explicit ``step`` (of ``root``) is loaded or raises.
         """
         if step is not None:
-            return self._load(self.root, _check_step(step), state_dict, progress)
+            return self._load(self.root, check_step(step), state_dict, progress)
         # Listed by rank 0 for all: ranks listing on their own could race a save and disagree.
         own = self._agreed(self.steps)
         candidates = [(self.root, found) for found in reversed(own)]
         if self.resume_from is not None and self.resume_from != self.root:
             resume_root = self.resume_from
             found_there = self._agreed(
-                lambda: _commit.committed_steps(resume_root, self.storage_options, self.transfer)
+                lambda: _state_bridge.committed_steps(resume_root, self.storage_options, self.transfer)
             )
             candidates += [(resume_root, found) for found in reversed(found_there)]
         if not candidates:
@@ -334,7 +317,7 @@ class DistributedCheckpointManager:
         self, root: str, step: int, state_dict: dict[str, Any], progress: ProgressCallback | None
     ) -> RestoredStep:
         started = time.monotonic()
-        directory = _commit.step_dir(root, step)
+        directory = _state_bridge.step_dir(root, step)
         committed = self._verified_metadata(directory)
         try:
             dcp_load(

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from flyte_checkpoint.distributed import _commit
+from flyte_checkpoint.distributed import _state_bridge
 from flyte_checkpoint.distributed.location import CheckpointLocation
 from flyte_checkpoint.distributed.records import ItemLocation, LoadSource
 from flyte_checkpoint.errors import (
@@ -45,7 +45,7 @@ class CommittedMetadata:
     version_id: str
     metadata: Metadata
     user_metadata: dict[str, Any]
-    shards: dict[str, _commit.StoredObject]
+    shards: dict[str, _state_bridge.StoredObject]
 
 
 def read_committed_metadata(
@@ -56,9 +56,9 @@ def read_committed_metadata(
     Raises :class:`CheckpointNotFoundError` when nothing is committed and
     :class:`CheckpointCorruptError` when the pointer, manifest or metadata is damaged.
     """
-    committed = _commit.read_committed_version(root, storage_options, transfer)
+    committed = _state_bridge.read_committed_version(root, storage_options, transfer)
     label = f"the DCP metadata of checkpoint {root}"
-    data = _commit.fetch_verified(
+    data = _state_bridge.fetch_verified(
         root, storage_options, committed.version_id, committed.metadata_object, label, transfer
     )
     try:
@@ -166,7 +166,7 @@ class CheckpointReader(CheckpointLocation, StorageReader):
     ) -> None:
         assert self.committed is not None
         version = self.committed.version_id
-        uri = _commit.object_uri(self.root, version, name)
+        uri = _state_bridge.object_uri(self.root, version, name)
         recorded = self.committed.shards.get(name)
         if recorded is None:
             raise CheckpointCorruptError(
@@ -189,7 +189,7 @@ class CheckpointReader(CheckpointLocation, StorageReader):
 
     def _raise_missing(self, uri: str) -> None:
         assert self.committed is not None
-        if _commit.version_replaced(
+        if _state_bridge.version_replaced(
             self.root, self.storage_options, self.committed.version_id, self.transfer
         ):
             raise CheckpointUnavailableError(

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from flyte_checkpoint.distributed import _commit
+from flyte_checkpoint.distributed import _state_bridge
 from flyte_checkpoint.distributed.location import CheckpointLocation
 from flyte_checkpoint.distributed.records import ItemLocation, SaveTarget, shard_name
 from flyte_checkpoint.errors import CheckpointError, InvalidCheckpointInputError, UnsupportedTypeError
@@ -154,7 +154,7 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         StorageWriter.__init__(self)
         CheckpointLocation.__init__(self, checkpoint_dir, storage_options, progress, transfer)
         self._started = time.monotonic()
-        self.metadata = _commit.checked_metadata(metadata)
+        self.metadata = _state_bridge.checked_metadata(metadata)
         self.retention = retention
         self.save_id = uuid.uuid4().hex
         self.rank = 0
@@ -187,7 +187,7 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        self.version_id = _commit.new_version_id()
+        self.version_id = _state_bridge.new_version_id()
         return [
             dataclasses.replace(plan, storage_data=SaveTarget(self.version_id, shard_name(rank)))
             for rank, plan in enumerate(plans)
@@ -202,7 +202,7 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
             )
         self.version_id = target.version_id
         bytes_first = sorted(plan.items, key=lambda item: item.type != WriteItemType.BYTE_IO)
-        uri = _commit.object_uri(self.root, target.version_id, target.object_name)
+        uri = _state_bridge.object_uri(self.root, target.version_id, target.object_name)
         results: list[WriteResult] = []
         if bytes_first:
             results = RETRY.call(
@@ -221,19 +221,19 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         if version is None:
             raise InvalidCheckpointInputError("finish() ran before prepare_global_plan(); nothing to commit")
         locations: dict[Any, ItemLocation] = {}
-        shards: dict[str, _commit.StoredObject] = {}
+        shards: dict[str, _state_bridge.StoredObject] = {}
         for rank_results in results:
             for result in rank_results:
                 location = result.storage_data
                 assert isinstance(location, ItemLocation)
                 locations[result.index] = location
-                shards[location.object_name] = _commit.StoredObject(
+                shards[location.object_name] = _state_bridge.StoredObject(
                     location.object_name, location.object_size, location.object_digest
                 )
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = locations
         metadata.storage_meta = self.storage_meta()
-        _commit.commit_version(
+        _state_bridge.commit_version(
             self.root,
             self.storage_options,
             version,
@@ -252,7 +252,7 @@ class CheckpointWriter(CheckpointLocation, StorageWriter):
         if retention is None:
             return
         try:
-            deleted = _commit.apply_retention(
+            deleted = _state_bridge.apply_retention(
                 retention.steps_root,
                 self.storage_options,
                 retention.keep_last,

@@ -101,7 +101,7 @@ from flyte_checkpoint.errors import ConfigurationError, Preempted, describe_erro
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.preemption.notice import check_grace_seconds
-from flyte_checkpoint.runners.runtime import ended_on_preemption
+from flyte_checkpoint.runners.attempt import ended_on_preemption
 
 __all__ = [
     "SUPPORTED_FLYTE_VERSIONS",

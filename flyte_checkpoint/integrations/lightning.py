@@ -48,7 +48,7 @@ from flyte_checkpoint.integrations._preemption import (
     preemption_save,
 )
 from flyte_checkpoint.integrations._restore import replace_contents, restore_directory
-from flyte_checkpoint.latest import latest_checkpoint
+from flyte_checkpoint.newest_file import latest_checkpoint
 from flyte_checkpoint.preemption import handler, notice, ranks
 
 __all__ = ["MirroredModelCheckpoint", "restore_last_checkpoint"]

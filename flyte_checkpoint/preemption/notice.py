@@ -31,7 +31,7 @@ from flyte_checkpoint.preemption.state import (
     PreemptionNotice,
     safety_margin,
 )
-from flyte_checkpoint.storage.deadline import Ceiling
+from flyte_checkpoint.timebounds import Deadline
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
@@ -58,7 +58,6 @@ __all__ = [
     "preemption_of",
     "refresh_load_factor",
     "safety_margin",
-    "save_ceiling",
     "save_deadline",
     "save_in_flight",
     "saves_in_flight",
@@ -276,14 +275,9 @@ def notify_arrival(signum: int, grace_seconds: float, received_at: float) -> Non
             notify_signal(signum, grace_seconds, received_at=received_at)
 
 
-def save_deadline() -> float | None:
-    """``time.monotonic()`` by which a save must have committed, or ``None`` without a notice."""
-    notice = STATE.notice
-    return None if notice is None else notice.deadline - notice.margin
-
-
-def save_ceiling() -> Ceiling | None:
-    """The bound of a save started now: :func:`save_deadline`, as the storage layer takes it."""
+def save_deadline() -> Deadline | None:
+    """When a save must have committed by, or ``None`` without a notice; a save it stops raises
+    :class:`PreemptionDeadlineError` (the storage layer takes it as is: ``finish_by``)."""
     notice = STATE.notice
     if notice is None:
         return None
@@ -291,7 +285,7 @@ def save_ceiling() -> Ceiling | None:
         f"the save deadline of the {notice.source} preemption notice ({notice.margin:.2f} s before "
         f"the SIGKILL expected {notice.grace_seconds:.1f} s after the notice)"
     )
-    return Ceiling(notice.deadline - notice.margin, reason, PreemptionDeadlineError)
+    return Deadline.until(notice.deadline - notice.margin, reason=reason, error_type=PreemptionDeadlineError)
 
 
 # -- saves in flight, process-wide ------------------------------------------------------------

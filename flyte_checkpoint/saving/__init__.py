@@ -4,7 +4,7 @@
 :class:`~.job.SaveJob` (:mod:`.snapshot` isolates a background one from later writes), run now
 or by the :class:`~.background.BackgroundSaver`, committed in call order
 (:class:`~.order.CommitOrder`) and, after a preemption notice, only when it fits the time left
-(:class:`~.budget.SaveBudget`). The bytes move through :func:`flyte_checkpoint.transfer.save`.
+(:class:`~.budget.SaveDurations`). The bytes move through :func:`flyte_checkpoint.transfer.save`.
 Nothing here imports the helper or the task context.
 """
 

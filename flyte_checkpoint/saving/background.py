@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -15,6 +14,7 @@ from flyte_checkpoint.errors import InputChangedError, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.saving.job import SaveJob
 from flyte_checkpoint.storage.base import WriteGate
+from flyte_checkpoint.timebounds import Deadline
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -174,18 +174,18 @@ class BackgroundSaver:
             self.superseded += 1
             logger.debug("background save of %s superseded by a newer one", self._name)
 
-    def wait(self, *, until: float | None = None) -> None:
+    def wait(self, *, until: Deadline | None = None) -> None:
         """Block until nothing is queued or in flight; raise the failure of the newest failed save.
 
         A failure is raised only if no newer save succeeded after it (the newest state wins).
-        With ``until`` (a ``time.monotonic()`` moment: a preemption's save deadline), a wait
-        still unfinished then raises :class:`PreemptionDeadlineError`; the upload goes on.
+        With ``until`` (a preemption's save deadline), a wait still unfinished then raises
+        :class:`PreemptionDeadlineError`; the upload goes on.
         A :meth:`hold` ends first: the caller waits for the upload, so it must go on.
         """
         self.release_hold()
         with self._condition:
             while self._busy:
-                left = None if until is None else until - time.monotonic()
+                left = None if until is None else until.remaining()
                 if left is not None and left <= 0:
                     raise PreemptionDeadlineError(
                         f"the background save of {self._name} did not commit before the save "

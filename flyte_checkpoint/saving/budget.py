@@ -33,7 +33,7 @@ def _kind_and_size(content: bytes | Path) -> tuple[_Kind, int | None]:
     return "file", status.st_size
 
 
-class SaveBudget:
+class SaveDurations:
     """The durations of this helper's last few committed saves of each kind, and when saves committed.
 
     After a notice, :meth:`check_fits` refuses to start a save whose estimate (the quickest of
@@ -95,7 +95,7 @@ class SaveBudget:
         deadline = notice.save_deadline()
         if current is None or deadline is None:
             return
-        left = deadline - time.monotonic()
+        left = deadline.at - time.monotonic()
         if left > 0:
             estimate = self.estimate(content)
             if not older_in_flight or estimate is None or estimate[0] <= left:

@@ -2,7 +2,7 @@
 within the time a preemption notice leaves.
 
 The one owner of a helper's :class:`~.background.BackgroundSaver`, its
-:class:`~.order.CommitOrder` and its :class:`~.budget.SaveBudget`. Every save goes through
+:class:`~.order.CommitOrder` and its :class:`~.budget.SaveDurations`. Every save goes through
 :meth:`SaveScheduler.save` as a :class:`~.job.SaveJob` built once, and reaches the store
 through :func:`flyte_checkpoint.transfer.save` alone.
 """
@@ -27,7 +27,7 @@ from flyte_checkpoint.incremental import ChunkStore
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
 from flyte_checkpoint.saving.background import BackgroundSaver
-from flyte_checkpoint.saving.budget import SaveBudget
+from flyte_checkpoint.saving.budget import SaveDurations
 from flyte_checkpoint.saving.job import SaveJob, SaveTimes
 from flyte_checkpoint.saving.order import CommitOrder, OrderedGate
 from flyte_checkpoint.saving.snapshot import Snapshot, take_snapshot
@@ -64,7 +64,7 @@ class SaveScheduler:
     def __init__(self, destination: Destination) -> None:
         self._destination = destination
         self._order = CommitOrder()
-        self._budget = SaveBudget()
+        self._durations = SaveDurations()
         self._saver: BackgroundSaver | None = None
         self._held_for: notice.PreemptionNotice | None = None
         self._last_save: SaveTimes | None = None
@@ -75,9 +75,9 @@ class SaveScheduler:
         return self._last_save
 
     @property
-    def budget(self) -> SaveBudget:
+    def durations(self) -> SaveDurations:
         """The durations of this helper's saves, that saves after a notice are judged by."""
-        return self._budget
+        return self._durations
 
     @property
     def superseded(self) -> int:
@@ -97,7 +97,7 @@ class SaveScheduler:
         uri = self._destination.uri
         asked_at = time.monotonic()
         if background:
-            self._budget.check_fits(content, uri, older_in_flight=self._uploading())
+            self._durations.check_fits(content, uri, older_in_flight=self._uploading())
             saver = self._background_saver()
             ticket = self._order.ticket()
             with saver.paused():
@@ -109,7 +109,7 @@ class SaveScheduler:
         if overtaken is None:
             self.wait()
         try:
-            self._budget.check_fits(content, uri, older_in_flight=self._uploading())
+            self._durations.check_fits(content, uri, older_in_flight=self._uploading())
         except PreemptionDeadlineError:
             if overtaken is not None:
                 overtaken.release_hold()  # the older upload is now the one left to commit
@@ -134,7 +134,7 @@ class SaveScheduler:
         self._held_for = current
         deadline = notice.save_deadline()
         if self._saver is not None and deadline is not None:
-            self._saver.hold(max(0.0, deadline - time.monotonic()) / 2)
+            self._saver.hold(deadline.remaining() / 2)
 
     def wait(self) -> None:
         """Block until background saves are done; raise the failure of the newest that failed.
@@ -181,9 +181,9 @@ class SaveScheduler:
             commit_turn=lambda: order.turn(ticket, destination.uri),
             chunk_store=destination.chunk_store if job.incremental else None,
         )
-        with notice.save_in_flight(), finish_by(notice.save_ceiling()):
+        with notice.save_in_flight(), finish_by(notice.save_deadline()):
             try:
-                with self._budget.measure(job.content), snapshot.errors_for_the_caller():
+                with self._durations.measure(job.content), snapshot.errors_for_the_caller():
                     save(destination.backend, destination.uri, request, retry=destination.retry)
                 self._last_save = times = job.times(background=pause is not None)
                 logger.debug(

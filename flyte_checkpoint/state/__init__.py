@@ -37,8 +37,9 @@ from flyte_checkpoint.state.api import (
 )
 from flyte_checkpoint.state.checkpoint import StateCheckpoint
 from flyte_checkpoint.state.components import Component, FileComponent, PickleSerializer, Serializer, Stateful
-from flyte_checkpoint.state.manager import CheckpointManager, RestoredStep, StepSummary
+from flyte_checkpoint.state.manager import CheckpointManager, StepSummary
 from flyte_checkpoint.state.manifest import Manifest, PartAck
+from flyte_checkpoint.steps import RestoredStep
 
 __all__ = [
     "CheckpointManager",

@@ -31,7 +31,7 @@ from flyte_checkpoint.state.failures import part_failed, timed_out
 from flyte_checkpoint.state.layout import Layout, ack_name
 from flyte_checkpoint.state.manifest import AckRecord, PartAck, from_json, to_json
 from flyte_checkpoint.state.objects import read_record, write_record
-from flyte_checkpoint.state.runtime import Deadline
+from flyte_checkpoint.timebounds import Deadline
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -190,7 +190,7 @@ def await_acks(
         if deadline.expired:
             missing = [position for position in range(world_size) if position not in acks]
             raise timed_out(
-                f"timed out after {deadline.timeout:g} s waiting for {_describe_positions(missing)} "
+                f"timed out after {deadline.seconds:g} s waiting for {_describe_positions(missing)} "
                 f"of {world_size} under {layout.version_uri(version_id)}; {consequence}"
             )
         time.sleep(min(interval, deadline.remaining()))

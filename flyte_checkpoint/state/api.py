@@ -17,7 +17,7 @@ from flyte_checkpoint.state.checkpoint import StateCheckpoint
 from flyte_checkpoint.state.components import PICKLE, Component, ComponentOrActor, Serializer
 from flyte_checkpoint.state.manifest import Manifest, PartAck
 from flyte_checkpoint.state.parts import PartData
-from flyte_checkpoint.state.runtime import DEFAULT_TIMEOUT, LockLike
+from flyte_checkpoint.state.waiting import DEFAULT_TIMEOUT, LockLike
 from flyte_checkpoint.storage import StorageOptions
 
 Directory = str | os.PathLike[str]

@@ -50,9 +50,8 @@ from flyte_checkpoint.state.objects import fetch_bytes, verify_object
 from flyte_checkpoint.state.parts import PartData, check_rank_count, payload_of, resolve_position, store_part
 from flyte_checkpoint.state.pointer import read_committed, with_committed
 from flyte_checkpoint.state.restore import Target, check_counts, load_into, record_of
-from flyte_checkpoint.state.runtime import (
+from flyte_checkpoint.state.waiting import (
     DEFAULT_TIMEOUT,
-    Deadline,
     LockLike,
     check_max_workers,
     check_timeout,
@@ -61,6 +60,7 @@ from flyte_checkpoint.state.runtime import (
 )
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.options import TransferSettings
+from flyte_checkpoint.timebounds import Deadline
 
 NOTHING_SAVED = "nothing was saved; the previous checkpoint is unchanged"
 
@@ -145,7 +145,7 @@ class StateCheckpoint:
         return self._max_workers
 
     def _deadline(self) -> Deadline:
-        return Deadline(self._timeout)
+        return Deadline.after(self._timeout)
 
     # ----------------------------------------------------------------------- one process
 

@@ -37,7 +37,8 @@ from flyte_checkpoint.state.layout import (
 from flyte_checkpoint.state.manifest import Flags, Manifest, PartAck, PartRecord, to_json
 from flyte_checkpoint.state.objects import write_object, write_record
 from flyte_checkpoint.state.pointer import discard_version, publish, read_pointer
-from flyte_checkpoint.state.runtime import Deadline, run_bounded
+from flyte_checkpoint.state.waiting import run_bounded
+from flyte_checkpoint.timebounds import Deadline
 
 logger = logging.getLogger("flyte_checkpoint")
 

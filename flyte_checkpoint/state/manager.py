@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,14 +23,12 @@ from flyte_checkpoint.state.components import PICKLE, ComponentOrActor, Serializ
 from flyte_checkpoint.state.layout import POINTER_NAME, Layout
 from flyte_checkpoint.state.manifest import Manifest, PartAck
 from flyte_checkpoint.state.parts import PartData
-from flyte_checkpoint.state.runtime import DEFAULT_TIMEOUT, LockLike
+from flyte_checkpoint.state.waiting import DEFAULT_TIMEOUT, LockLike
+from flyte_checkpoint.steps import RestoredStep, check_step, step_dir_name, step_of_dir_name
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.options import TransferSettings
 
 logger = logging.getLogger("flyte_checkpoint")
-
-STEP_DIR_PREFIX = "step_"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 class StepSummary(BaseModel):
@@ -47,22 +44,6 @@ class StepSummary(BaseModel):
     size: int | None = None
     """Bytes of all parts and the controller's state."""
     metadata: dict[str, Any] = {}
-
-
-class RestoredStep(BaseModel):
-    """What :meth:`CheckpointManager.load` restored."""
-
-    model_config = ConfigDict(frozen=True)
-
-    step: int
-    version_id: str
-    metadata: dict[str, Any]
-
-
-def _check_step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise InvalidCheckpointInputError(f"step must be a non-negative int, not {step!r}")
-    return step
 
 
 class CheckpointManager:
@@ -120,7 +101,7 @@ class CheckpointManager:
 
     def checkpoint_dir(self, step: int) -> str:
         """The checkpoint directory of ``step`` (give it to ranks writing parts of that step)."""
-        return self._layout.join(f"{STEP_DIR_PREFIX}{_check_step(step)}")
+        return self._layout.join(step_dir_name(check_step(step)))
 
     def at(self, step: int) -> StateCheckpoint:
         """The checkpoint of ``step``, with this manager's configuration (for ranks and loads).
@@ -256,7 +237,7 @@ class CheckpointManager:
         loaded or raises, with no fall-back.
         """
         if step is not None:
-            return self._load_step(_check_step(step), controller, parts, lock, progress)
+            return self._load_step(check_step(step), controller, parts, lock, progress)
         candidates = sorted(self._scan()[0], reverse=True)
         if not candidates:
             return None
@@ -288,31 +269,27 @@ class CheckpointManager:
     ) -> RestoredStep:
         manifest = self.at(step).load(controller=controller, parts=parts, lock=lock, progress=progress)
         self._resumed_step = step
-        return RestoredStep(step=step, version_id=manifest.version_id, metadata=dict(manifest.metadata))
+        return RestoredStep(
+            step=step,
+            version_id=manifest.version_id,
+            checkpoint_dir=self.checkpoint_dir(step),
+            metadata=dict(manifest.metadata),
+        )
 
-    def apply_retention(self) -> list[int]:
+    def apply_retention(self, *, protect: Iterable[int] = ()) -> list[int]:
         """Delete what ``keep_last`` no longer keeps; returns the deleted steps.
 
-        Kept: the newest ``keep_last`` committed steps and the step this manager resumed from.
+        Kept: the newest ``keep_last`` committed steps, the step this manager resumed from, and
+        the steps in ``protect`` (a step just committed, another manager's resumed step).
         Also deleted: directories of saves that never committed, when a newer step is committed
         (they can never be loaded). A step is deleted pointer first, so a crash midway leaves an
         uncommitted directory, never a committed but incomplete checkpoint.
         """
-        return self._apply_retention(protect=set())
-
-    def _retain_after(self, step: int) -> None:
-        try:
-            self._apply_retention(protect={step})
-        except CheckpointError as exc:
-            # The save is committed; retention is housekeeping that the next save retries.
-            logger.warning("retention under %s failed (the next save retries): %s", self.root, exc)
-
-    def _apply_retention(self, *, protect: set[int]) -> list[int]:
         if self._keep_last is None:
             return []
         committed, every = self._scan()
         newest_first = sorted(committed, reverse=True)
-        keep = set(newest_first[: self._keep_last]) | protect
+        keep = set(newest_first[: self._keep_last]) | set(protect)
         if self._resumed_step is not None:
             keep.add(self._resumed_step)
         doomed = [step for step in newest_first if step not in keep]
@@ -321,6 +298,13 @@ class CheckpointManager:
         for step in sorted(doomed):
             self._delete_step(step)
         return sorted(doomed)
+
+    def _retain_after(self, step: int) -> None:
+        try:
+            self.apply_retention(protect={step})
+        except CheckpointError as exc:
+            # The save is committed; retention is housekeeping that the next save retries.
+            logger.warning("retention under %s failed (the next save retries): %s", self.root, exc)
 
     def _delete_step(self, step: int) -> None:
         directory = self.checkpoint_dir(step)
@@ -338,9 +322,9 @@ class CheckpointManager:
         """
         backend = self._layout.backend
         every = {
-            int(match.group(1))
+            step
             for name in backend.list_children(self._layout.root)
-            if (match := _STEP_DIR.match(name))
+            if (step := step_of_dir_name(name)) is not None
         }
         base = _without_scheme(self._layout.root) + "/"
         committed: set[int] = set()
@@ -349,9 +333,9 @@ class CheckpointManager:
             if not relative.startswith(base):
                 continue
             segments = relative[len(base) :].split("/")
-            match = _STEP_DIR.match(segments[0])
-            if match is not None and segments[1:] == [POINTER_NAME]:
-                committed.add(int(match.group(1)))
+            step = step_of_dir_name(segments[0])
+            if step is not None and segments[1:] == [POINTER_NAME]:
+                committed.add(step)
         return committed, every | committed
 
 

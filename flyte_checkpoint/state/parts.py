@@ -28,7 +28,8 @@ from flyte_checkpoint.state.layout import Layout, part_name
 from flyte_checkpoint.state.manifest import Manifest, PartAck
 from flyte_checkpoint.state.objects import write_object
 from flyte_checkpoint.state.restore import check_counts
-from flyte_checkpoint.state.runtime import Deadline, LockLike, held
+from flyte_checkpoint.state.waiting import LockLike, held
+from flyte_checkpoint.timebounds import Deadline
 
 PartData = bytes | bytearray | memoryview | Path | Component
 """What may be stored as a part: raw bytes, a local file (as is), or a component."""

@@ -59,8 +59,9 @@ from flyte_checkpoint.state.manifest import Manifest, PartAck, PartRecord, check
 from flyte_checkpoint.state.parts import store_part
 from flyte_checkpoint.state.pointer import with_committed
 from flyte_checkpoint.state.restore import NOTHING_RESTORED, Staged, Target, check_counts, stage
-from flyte_checkpoint.state.runtime import Deadline, LockLike, held
+from flyte_checkpoint.state.waiting import LockLike, held
 from flyte_checkpoint.storage.options import TransferSettings
+from flyte_checkpoint.timebounds import Deadline
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -142,7 +143,7 @@ def save_actors(
     members = _members(controller, parts)
     user_metadata = checked_metadata(metadata)
     layout = Layout.of(checkpoint.root, checkpoint.storage_options, checkpoint.transfer)
-    deadline = Deadline(checkpoint.timeout)
+    deadline = Deadline.after(checkpoint.timeout)
     version = new_version_id()
     token = uuid.uuid4().hex
 
@@ -199,7 +200,7 @@ def load_actors(
     layout = Layout.of(checkpoint.root, checkpoint.storage_options, checkpoint.transfer)
     manifest = checkpoint.verify(world_size=len(parts), read_parts=False)
     check_counts(layout, manifest, parts=len(parts), controller=controller is not None)
-    deadline = Deadline(checkpoint.timeout)
+    deadline = Deadline.after(checkpoint.timeout)
     token = uuid.uuid4().hex
     try:
         _gather(
@@ -226,7 +227,7 @@ def _roll_back(
     """Return every component that applied its part to its prior state; say so on ``exc``."""
     failed = getattr(exc, "position", None)
     # Rolling back must be attempted even when the deadline has passed.
-    bound = Deadline(max(deadline.remaining(), _CLEANUP_SECONDS))
+    bound = Deadline.after(max(deadline.remaining(), _CLEANUP_SECONDS))
     outcomes = _settle(_submit(members, _roll_back_part, checkpoint, token), bound)
     problems = [
         f"{label_of(position)}: {describe_exception(error)}"
@@ -245,7 +246,7 @@ def _roll_back(
 
 def _finish(members: Sequence[_Member], checkpoint: ActorCheckpoint, token: str) -> None:
     """Let every component drop what it holds for this operation (best-effort, briefly bounded)."""
-    _settle(_submit(members, _release_part, checkpoint, token), Deadline(_CLEANUP_SECONDS))
+    _settle(_submit(members, _release_part, checkpoint, token), Deadline.after(_CLEANUP_SECONDS))
 
 
 def _check_stored(layout: Layout, version: str, record: PartRecord) -> None:
@@ -307,7 +308,7 @@ def _gather(calls: _Calls, deadline: Deadline, what: str, consequence: str) -> d
         if not ready:
             missing = ", ".join(label_of(calls.refs[ref]) for ref in pending)
             raise timed_out(
-                f"{what} did not finish within {deadline.timeout:g} s ({missing} not done); {consequence}"
+                f"{what} did not finish within {deadline.seconds:g} s ({missing} not done); {consequence}"
             )
         for ref in ready:
             position = calls.refs[ref]
@@ -444,7 +445,7 @@ def _stage_part(
             [target],
             serializer=checkpoint.serializer,
             scratch=entry.scratch,
-            deadline=Deadline(checkpoint.timeout),
+            deadline=Deadline.after(checkpoint.timeout),
             max_workers=1,
         )[0]
 

@@ -38,7 +38,8 @@ from flyte_checkpoint.state.layout import Layout
 from flyte_checkpoint.state.manifest import Manifest, PartRecord
 from flyte_checkpoint.state.objects import fetch_bytes, fetch_to_file
 from flyte_checkpoint.state.pointer import with_committed
-from flyte_checkpoint.state.runtime import Deadline, LockLike, held, run_bounded
+from flyte_checkpoint.state.waiting import LockLike, held, run_bounded
+from flyte_checkpoint.timebounds import Deadline
 
 logger = logging.getLogger("flyte_checkpoint")
 

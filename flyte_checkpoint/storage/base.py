@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointUnavailableError, InputChangedError
 from flyte_checkpoint.progress import ProgressCallback, ProgressReporter, reporter
-from flyte_checkpoint.storage.deadline import current_ceiling
+from flyte_checkpoint.storage.deadline import deadline_in_force, stopped_by
 from flyte_checkpoint.storage.digests import ContentDigest, digest_of
 
 # Metadata keys stored with every object this package writes. They let a reader verify the
@@ -136,7 +136,7 @@ class ObjectWriter(abc.ABC):
         self._gate = gate
         """When given, every write first waits until it is set (a background save's pause)."""
         self._declared: tuple[str, int] | None = None
-        self._ceiling = current_ceiling()
+        self._ceiling = deadline_in_force()
         """Checked as bytes are counted and before the commit: a local save has no store loop."""
 
     def declare(self, digest: str | None, size: int | None) -> None:
@@ -162,8 +162,8 @@ class ObjectWriter(abc.ABC):
         self._check_ceiling()
 
     def _check_ceiling(self) -> None:
-        if self._ceiling is not None and self._ceiling.passed():
-            raise self._ceiling.error("saving", self.uri)
+        if self._ceiling is not None and self._ceiling.expired:
+            raise stopped_by(self._ceiling, "saving", self.uri)
 
     def _count_crc32(self, crc: int, length: int) -> None:
         """Count ``length`` bytes digested elsewhere as ``crc`` (see :attr:`ContentDigest.joinable`)."""

@@ -4,21 +4,21 @@ Per-request timeouts (botocore's ``read_timeout``, gcsfs's ``requests_timeout``,
 ``read_timeout``) do not bound an operation: fsspec's ``sync`` waits without a limit for the
 coroutine it runs on its event-loop thread, clients retry, and a server that accepts connections
 but stops answering (a stopped process, a black-holed route) kept a save waiting for more than
-ten minutes. A :class:`Deadline` bounds the whole operation instead:
+ten minutes. A :class:`TransferBound` bounds the whole operation instead:
 
-* the caller's blocking waits on futures of the store's loop (:meth:`Deadline.result`,
-  :meth:`Deadline.wait_any`) time out when it passes, and
+* the caller's blocking waits on futures of the store's loop (:meth:`TransferBound.result`,
+  :meth:`TransferBound.wait_any`) time out when it passes, and
 * every task started on the store's loop on behalf of the operation -- by fsspec's ``sync``
   inside s3fs, gcsfs and adlfs file objects, or by :mod:`.parallel` -- is cancelled when it
   passes, so a thread blocked in fsspec's ``sync`` wakes up. Such tasks are recognised by a
-  context variable that :meth:`Deadline.scope` sets around each call into the client: asyncio
+  context variable that :meth:`TransferBound.scope` sets around each call into the client: asyncio
   copies the caller's context into the tasks it creates, and a task factory installed on the
   loop files them under their deadline.
 
 One :class:`_Watchdog` per loop keeps a single timer, for the soonest bound in force, instead
 of each operation arming and disarming its own: both were calls from the caller's thread into
 the loop's thread, and each such wake-up cost the caller about 60 us, a sixth of a 1 KiB save's
-own work. Bounds only grow (:meth:`Deadline.allow_for`), so an operation started after another
+own work. Bounds only grow (:meth:`TransferBound.allow_for`), so an operation started after another
 one with the same bound never moves the timer forward, and back-to-back operations wake the
 loop only for their own requests.
 
@@ -32,10 +32,11 @@ The bound is the storage option ``transfer_timeout`` when given; by default it i
 front for loads and file saves, counted as it is written for directory saves): an operation
 averaging less than 1 MiB/s after two minutes is taken as stuck.
 
-A caller may also set a *ceiling* for the operations it starts (:func:`finish_by`): a moment no
-bound passes, whatever the store. A save made after a preemption notice is bounded so by the
-time left before the expected SIGKILL. Writers read it when they are made (:func:`current_ceiling`)
-so a local save, which has no store loop, checks it too.
+A caller may also set a *ceiling* for the operations it starts (:func:`finish_by`): a
+:class:`~flyte_checkpoint.timebounds.Deadline` no bound passes, whatever the store. A save made
+after a preemption notice is bounded so by the time left before the expected SIGKILL. Writers
+read it when they are made (:func:`deadline_in_force`) so a local save, which has no store loop,
+checks it too.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ import threading
 import time
 import weakref
 from collections.abc import Coroutine, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from flyte_checkpoint.errors import CheckpointTimeoutError
+from flyte_checkpoint.timebounds import Deadline
 
 T = TypeVar("T")
 
@@ -67,38 +69,28 @@ CLEANUP_PAST_CEILING_SECONDS = 0.2
 """The most an abort may wait once the operation's ceiling (a preemption's save deadline) passed."""
 _MiB = 1 << 20
 
-_current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[TransferBound | None] = contextvars.ContextVar(
     "flyte_checkpoint_deadline", default=None
 )
 
 
-class Ceiling(NamedTuple):
-    """A moment (``time.monotonic()``) that bounds every operation started under it, and why."""
-
-    at: float
-    reason: str
-    """What the moment is, for the error: "the preemption deadline (SIGKILL expected in 12 s)"."""
-    error_type: type[CheckpointTimeoutError] = CheckpointTimeoutError
-
-    def passed(self) -> bool:
-        return time.monotonic() >= self.at
-
-    def error(self, action: str, uri: str) -> CheckpointTimeoutError:
-        return self.error_type(
-            f"{action} {uri} was stopped: it could not finish before {self.reason}; the previous "
-            "checkpoint is kept, unless the store had already received the whole object (a single "
-            "request already sent completes on the store's side)"
-        )
+def stopped_by(ceiling: Deadline, action: str, uri: str) -> CheckpointTimeoutError:
+    """The error of an operation on ``uri`` that ``ceiling`` stopped (of its ``error_type``)."""
+    return ceiling.error_type(
+        f"{action} {uri} was stopped: it could not finish before {ceiling.reason}; the previous "
+        "checkpoint is kept, unless the store had already received the whole object (a single "
+        "request already sent completes on the store's side)"
+    )
 
 
-_ceiling: contextvars.ContextVar[Ceiling | None] = contextvars.ContextVar(
+_ceiling: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
     "flyte_checkpoint_ceiling", default=None
 )
 
 
 @contextlib.contextmanager
-def finish_by(ceiling: Ceiling | None) -> Iterator[None]:
-    """Operations started in this block (this thread or task) end by ``ceiling.at`` at the latest;
+def finish_by(ceiling: Deadline | None) -> Iterator[None]:
+    """Operations started in this block (this thread or task) end by ``ceiling`` at the latest;
     ``None`` adds no bound. A sooner ceiling already in force stays."""
     outer = _ceiling.get()
     if ceiling is None or (outer is not None and outer.at <= ceiling.at):
@@ -111,7 +103,7 @@ def finish_by(ceiling: Ceiling | None) -> Iterator[None]:
         _ceiling.reset(token)
 
 
-def current_ceiling() -> Ceiling | None:
+def deadline_in_force() -> Deadline | None:
     """The ceiling in force for operations started here, if any (see :func:`finish_by`)."""
     return _ceiling.get()
 
@@ -134,8 +126,9 @@ if hasattr(os, "register_at_fork"):  # not on Windows
     os.register_at_fork(after_in_child=_forget_the_parents_loops)
 
 
-class Deadline:
-    """The moment one save or load must be finished by, and the waits and tasks bounded by it."""
+class TransferBound:
+    """The bound on one save or load: the moment it must be finished by (grown with the bytes it
+    moves, capped by the ceiling in force), and the waits and tasks that moment ends."""
 
     def __init__(
         self,
@@ -145,7 +138,7 @@ class Deadline:
         loop: asyncio.AbstractEventLoop | None,
         seconds: float | None = None,
         size: int | None = None,
-        ceiling: Ceiling | bool | None = True,
+        ceiling: Deadline | bool | None = True,
     ) -> None:
         """``seconds`` fixes the bound (the ``transfer_timeout`` option); without it the bound
         is the default one for ``size`` bytes, grown by :meth:`allow_for` as bytes move.
@@ -158,7 +151,7 @@ class Deadline:
         self._moved = size or 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog: _Watchdog | None = None
-        self._ceiling = current_ceiling() if ceiling is True else (ceiling or None)
+        self._ceiling = deadline_in_force() if ceiling is True else (ceiling or None)
         self.fired = False
         """Whether the bound passed and the operation's tasks were cancelled."""
 
@@ -187,23 +180,23 @@ class Deadline:
         most :data:`ABORT_SECONDS`."""
         return min(ABORT_SECONDS, max(MIN_ABORT_SECONDS, self.seconds))
 
-    def for_cleanup(self) -> Deadline:
+    def for_cleanup(self) -> TransferBound:
         """A new bound of :meth:`abort_seconds` for cleaning up after this operation failed; of
         :data:`CLEANUP_PAST_CEILING_SECONDS` at most once its ceiling has passed."""
         action = f"cleaning up after {self._action}"
         seconds = self.abort_seconds()
-        if self._ceiling is not None and self._ceiling.passed():
+        if self._ceiling is not None and self._ceiling.expired:
             # A preemption's save deadline passed: what is left of the grace period is the
             # process's to exit in, and an abort waited for (5 s at least) ran into the SIGKILL in
             # an outside harness. An upload left unfinished is swept by the run's next attempt.
             seconds = min(seconds, CLEANUP_PAST_CEILING_SECONDS)
         # Not under the ceiling: an abort must run even once the operation itself ran out of time.
-        return Deadline(self._uri, action, loop=self._loop, seconds=seconds, ceiling=None)
+        return TransferBound(self._uri, action, loop=self._loop, seconds=seconds, ceiling=None)
 
     def expired(self) -> CheckpointTimeoutError:
         """The error to raise now that the bound has passed."""
         if self._ceiling is not None and self._ceiling.at < self._started + self.seconds:
-            return self._ceiling.error(self._action, self._uri)
+            return stopped_by(self._ceiling, self._action, self._uri)
         option = "transfer_timeout" if self._fixed is not None else "default bound (set transfer_timeout)"
         return CheckpointTimeoutError(
             f"{self._action} {self._uri} did not finish within {self.seconds:.0f} s (its {option}); "
@@ -342,13 +335,13 @@ class _Watchdog:
         # its value would keep alive (and every loop that ever ran an operation with it).
         self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
-        self._watched: set[Deadline] = set()
+        self._watched: set[TransferBound] = set()
         self._fires_at = float("inf")
         """When the timer fires, under ``_lock`` (``inf``: no timer; ``-inf``: a reschedule is queued)."""
         self._timer: weakref.ref[asyncio.TimerHandle] | None = None  # on the loop only
         """Weak too: a handle refers to its loop; the loop holds it while it is pending."""
 
-    def watch(self, deadline: Deadline) -> None:
+    def watch(self, deadline: TransferBound) -> None:
         with self._lock:
             self._watched.add(deadline)
             if deadline.expires_at() + _TIMER_SLACK >= self._fires_at:
@@ -359,7 +352,7 @@ class _Watchdog:
             with contextlib.suppress(RuntimeError):  # a loop closed at interpreter exit
                 loop.call_soon_threadsafe(self._reschedule)
 
-    def forget(self, deadline: Deadline) -> None:
+    def forget(self, deadline: TransferBound) -> None:
         with self._lock:
             self._watched.discard(deadline)
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.storage.base import FSYNC_OPTION
-from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.deadline import TransferBound
 from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -199,9 +199,9 @@ class TransferSettings(BaseModel):
 
     def deadline(
         self, uri: str, action: str, loop: asyncio.AbstractEventLoop | None, size: int | None = None
-    ) -> Deadline:
+    ) -> TransferBound:
         """The overall time bound of one save or load of ``size`` bytes (``None``: unknown yet)."""
-        return Deadline(uri, action, loop=loop, seconds=self.transfer_timeout, size=size)
+        return TransferBound(uri, action, loop=loop, seconds=self.transfer_timeout, size=size)
 
 
 def split_transfer(

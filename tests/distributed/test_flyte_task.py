@@ -13,7 +13,7 @@ from flyte_checkpoint import ctx
 from flyte_checkpoint.context import CheckpointPaths, TaskContext
 from flyte_checkpoint.distributed import DistributedCheckpointManager, task_locations
 from flyte_checkpoint.errors import ConfigurationError
-from flyte_checkpoint.runners.local import run_with_retries
+from flyte_checkpoint.runners.retries import run_with_retries
 from tests.distributed import ranks
 from tests.distributed.checks import empty_app_state, matches_seed
 from tests.distributed.programs import full_state

@@ -21,12 +21,12 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
         "errors",
-        "environment lockfiles progress running latest",
+        "environment lockfiles progress running newest_file steps timebounds",
         "uris archive",
         "storage",
         "incremental",
         "preemption transfer workspace",
-        "resume saving inspection",
+        "earlier_attempts saving inspection",
         "checkpoint",
         "context",
         "runners state",
@@ -41,7 +41,11 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
 own part or to a lower layer, never up or across."""
 
 DEFERRED_IMPORTS: dict[str, str] = {
-    f"{ROOT}.cli": "start-up: `flyte-checkpoint --help` and a mistyped call answer without loading stores",
+    **{
+        f"{ROOT}.cli.{command_group}": "start-up: `flyte-checkpoint --help` and a mistyped call answer "
+        "without loading stores"
+        for command_group in ("listing", "objects", "parser", "run")
+    },
     f"{ROOT}.storage": "a local-only program never imports fsspec (the object-store base imports it)",
     f"{ROOT}.state.checkpoint": "the `ray` extra: state.ray imports ray, needed only for actor handles",
 }

@@ -18,7 +18,8 @@ import pytest
 
 from flyte_checkpoint import Checkpoint, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
-from flyte_checkpoint.storage.deadline import Ceiling, finish_by
+from flyte_checkpoint.storage.deadline import finish_by
+from flyte_checkpoint.timebounds import Deadline
 from tests.faults.proxy import FaultProxy, stall
 from tests.storage_servers import StorageServer, create_bucket
 
@@ -112,7 +113,9 @@ def test_a_save_stopped_by_its_deadline_does_not_wait_for_its_abort_into_the_sig
     s3_proxy.add_fault(stall(15.0, forward=True), times=None, method="DELETE", path_contains="uploadId")
     helper = Checkpoint(uri, storage_options=options)
     began = time.monotonic()
-    deadline = Ceiling(began + 1.0, "the test's save deadline", PreemptionDeadlineError)
+    deadline = Deadline.until(
+        began + 1.0, reason="the test's save deadline", error_type=PreemptionDeadlineError
+    )
     with finish_by(deadline), pytest.raises(PreemptionDeadlineError):
         helper.save_sync(STATE)
     # The abort used to be waited for 5 s at least, past the deadline: into the SIGKILL.

@@ -124,7 +124,7 @@ def test_a_final_save_refused_as_not_fitting_lets_the_held_upload_go_on_at_once(
     notice.notify_signal(signal.SIGTERM, 30.0)  # held for up to 13.5 s
     helper.hold_background_save()
     # Fault injection: this helper's past saves say a save takes 100 s.
-    monkeypatch.setattr(helper._saves.budget, "estimate", lambda content: (100.0, "a test's estimate"))
+    monkeypatch.setattr(helper._saves.durations, "estimate", lambda content: (100.0, "a test's estimate"))
     with pytest.raises(PreemptionDeadlineError, match="a test's estimate"):
         helper.save_sync(b"final state")
     refused_at = time.monotonic()

@@ -18,7 +18,7 @@ import pytest
 from flyte_checkpoint import InvalidCheckpointInputError, ctx, load_and_run_task, run_with_retries
 from flyte_checkpoint.context import CheckpointPaths
 from flyte_checkpoint.errors import Preempted
-from flyte_checkpoint.runners.local import run_with_retries_async
+from flyte_checkpoint.runners.retries import run_with_retries_async
 from tests.faults.signals.processes import running
 from tests.runner_programs import STEPS
 

@@ -72,7 +72,7 @@ def s3_store(s3_server: StorageServer) -> Store:
 # Threads that legitimately live for the whole process: fsspec's event-loop thread (s3fs), the
 # executor threads of that loop (daemon, named asyncio_N), the helper threads of multiprocessing
 # queues, which exit once their queue is collected, and the storage layer's reaper, started by
-# the first local save that replaces an object (flyte_checkpoint.storage.retire; one per process,
+# the first local save that replaces an object (flyte_checkpoint.storage.deferred_unlink; one per process,
 # it unlinks the replaced object's second name off the saving thread), and gcsfs's one thread
 # that closes files handed to it.
 _PROCESS_WIDE_THREADS = ("fsspecIO", "QueueFeederThread", "flyte-checkpoint-reaper", "gcsfs-deferred-close")

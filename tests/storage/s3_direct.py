@@ -9,7 +9,7 @@ from typing import Any
 
 from flyte_checkpoint.progress import ProgressReporter
 from flyte_checkpoint.storage.base import WriteGate
-from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.deadline import TransferBound
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.parallel.reader import ParallelReader
 from flyte_checkpoint.storage.parallel.writer import ParallelWriter
@@ -26,7 +26,7 @@ def open_s3_writer(
     declared_size: int | None = None,
     progress: ProgressReporter | None = None,
     gate: WriteGate | None = None,
-    deadline: Deadline | None = None,
+    deadline: TransferBound | None = None,
 ) -> ParallelWriter:
     """An atomic, parallel upload to ``uri`` through ``fs`` (an ``s3fs.S3FileSystem``).
 
@@ -49,7 +49,7 @@ def open_s3_writer(
 
 
 def open_s3_reader(
-    fs: Any, uri: str, settings: TransferSettings, *, deadline: Deadline | None = None
+    fs: Any, uri: str, settings: TransferSettings, *, deadline: TransferBound | None = None
 ) -> ParallelReader | None:
     """A parallel, in-order read of the object at ``uri``; ``None`` when there is none."""
     return ParallelReader.open(S3Object(fs, uri), settings, deadline=deadline)

@@ -23,7 +23,7 @@ import pytest
 
 from flyte_checkpoint.errors import CheckpointTimeoutError
 from flyte_checkpoint.storage import deadline as deadline_module
-from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.deadline import TransferBound
 
 LONG = 60.0
 
@@ -63,8 +63,8 @@ async def _nothing() -> None:
     return None
 
 
-def _deadline(loop: asyncio.AbstractEventLoop, seconds: float | None) -> Deadline:
-    return Deadline("s3://bucket/key", "saving", loop=loop, seconds=seconds)
+def _deadline(loop: asyncio.AbstractEventLoop, seconds: float | None) -> TransferBound:
+    return TransferBound("s3://bucket/key", "saving", loop=loop, seconds=seconds)
 
 
 def _cancelled_by_the_loop(future: concurrent.futures.Future[Any]) -> bool:

@@ -131,11 +131,11 @@ def test_an_inspection_of_a_store_that_stopped_answering_times_out(own_server: F
 
 
 def test_the_bound_without_a_transfer_timeout_grows_with_the_bytes_moved() -> None:
-    from flyte_checkpoint.storage.deadline import BASE_SECONDS, SECONDS_PER_MIB, Deadline
+    from flyte_checkpoint.storage.deadline import BASE_SECONDS, SECONDS_PER_MIB, TransferBound
 
-    deadline = Deadline("s3://b/k", "saving", loop=None)
+    deadline = TransferBound("s3://b/k", "saving", loop=None)
     assert deadline.seconds == BASE_SECONDS
     deadline.allow_for(100 << 20)
     assert deadline.seconds == BASE_SECONDS + 100 * SECONDS_PER_MIB
-    assert Deadline("s3://b/k", "saving", loop=None, seconds=5).seconds == 5
+    assert TransferBound("s3://b/k", "saving", loop=None, seconds=5).seconds == 5
     assert deadline.abort_seconds() == ABORT_SECONDS

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from flyte_checkpoint.storage.base import ObjectInfo
-from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.deadline import TransferBound
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.parallel.contract import (
     RangeBody,
@@ -48,7 +48,7 @@ class ParallelReader(io.RawIOBase):
         first: RangeBody,
         settings: TransferSettings,
         *,
-        deadline: Deadline | None = None,
+        deadline: TransferBound | None = None,
     ) -> None:
         super().__init__()
         self.info = info
@@ -68,7 +68,7 @@ class ParallelReader(io.RawIOBase):
 
     @classmethod
     def open(
-        cls, source: RangeSource, settings: TransferSettings, *, deadline: Deadline | None = None
+        cls, source: RangeSource, settings: TransferSettings, *, deadline: TransferBound | None = None
     ) -> ParallelReader | None:
         """Send the first GET and start the others; ``None`` when there is no object."""
         deadline = deadline or settings.deadline(source.uri, "loading", source.loop)

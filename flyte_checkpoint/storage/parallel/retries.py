@@ -18,8 +18,8 @@ logger = logging.getLogger("flyte_checkpoint")
 T = TypeVar("T")
 
 # -- running coroutines on the store's loop ---------------------------------------------------
-# Every coroutine goes to the store's loop through :meth:`Deadline.submit`, and every wait for
-# one through :meth:`Deadline.result` / :meth:`Deadline.wait_any`: nothing waits unbounded.
+# Every coroutine goes to the store's loop through :meth:`TransferBound.submit`, and every wait for
+# one through :meth:`TransferBound.result` / :meth:`TransferBound.wait_any`: nothing waits unbounded.
 
 
 _RETRIED_BY_CLIENT = "_flyte_checkpoint_retried_by_client"

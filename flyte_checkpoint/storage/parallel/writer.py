@@ -21,7 +21,7 @@ from flyte_checkpoint.storage.base import (
     ReadsInto,
     WriteGate,
 )
-from flyte_checkpoint.storage.deadline import Deadline, outside_deadlines
+from flyte_checkpoint.storage.deadline import TransferBound, outside_deadlines
 from flyte_checkpoint.storage.errors import translated_backend_errors
 from flyte_checkpoint.storage.kernel_copy import regular_file_descriptor
 from flyte_checkpoint.storage.options import TransferSettings
@@ -68,7 +68,7 @@ class ParallelWriter(ObjectWriter):
         declared_size: int | None = None,
         progress: ProgressReporter | None = None,
         gate: WriteGate | None = None,
-        deadline: Deadline | None = None,
+        deadline: TransferBound | None = None,
     ) -> ParallelWriter:
         """A writer with :meth:`Backend.open_write`'s contract: the commit refuses content that
         differs from a declared digest and size. Where the store takes metadata only when an
@@ -97,7 +97,7 @@ class ParallelWriter(ObjectWriter):
         expected_size: int | None = None,
         progress: ProgressReporter | None = None,
         gate: WriteGate | None = None,
-        deadline: Deadline | None = None,
+        deadline: TransferBound | None = None,
     ) -> None:
         super().__init__(target.uri, progress=progress, gate=gate)
         self.metadata.update(metadata)

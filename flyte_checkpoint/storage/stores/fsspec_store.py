@@ -46,7 +46,7 @@ from flyte_checkpoint.storage.base import (
     VerifyingReader,
     WriteGate,
 )
-from flyte_checkpoint.storage.deadline import Deadline
+from flyte_checkpoint.storage.deadline import TransferBound
 from flyte_checkpoint.storage.errors import confirm_absent, constructor_error, translated_backend_errors
 from flyte_checkpoint.storage.options import (
     TransferSettings,
@@ -186,12 +186,12 @@ class FsspecBackend(Backend):
     def _errors(self, uri: str, action: str) -> contextlib.AbstractContextManager[None]:
         return translated_backend_errors(uri, action, scheme_of(uri))
 
-    def deadline(self, uri: str, action: str, size: int | None = None) -> Deadline:
+    def deadline(self, uri: str, action: str, size: int | None = None) -> TransferBound:
         """The overall time bound of one operation on ``uri`` moving ``size`` bytes (see :mod:`.deadline`)."""
         return self.transfer.deadline(uri, action, getattr(self.fs, "loop", None), size)
 
     @contextlib.contextmanager
-    def _bounded(self, uri: str, action: str, deadline: Deadline | None = None) -> Iterator[None]:
+    def _bounded(self, uri: str, action: str, deadline: TransferBound | None = None) -> Iterator[None]:
         """Typed errors, and the operation's time bound (a new one unless ``deadline`` is given)."""
         bound = deadline or self.deadline(uri, action)
         try:
@@ -247,7 +247,7 @@ class FsspecBackend(Backend):
             progress=progress,
         )
 
-    def _open_stream(self, uri: str, deadline: Deadline) -> tuple[IO[bytes], ObjectInfo] | None:
+    def _open_stream(self, uri: str, deadline: TransferBound) -> tuple[IO[bytes], ObjectInfo] | None:
         """The object's bytes (ordered parallel ranged reads) and description, or ``None``."""
         with self._errors(uri, "loading"):
             try:

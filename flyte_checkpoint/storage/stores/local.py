@@ -33,9 +33,9 @@ from flyte_checkpoint.storage.base import (
     VerifyingReader,
     WriteGate,
 )
+from flyte_checkpoint.storage.deferred_unlink import RETIRED_SUFFIX, release, retire
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.kernel_copy import KernelCopy, regular_file_descriptor
-from flyte_checkpoint.storage.retire import RETIRED_SUFFIX, release, retire
 from flyte_checkpoint.uris import local_path
 
 logger = logging.getLogger("flyte_checkpoint")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
@@ -13,6 +12,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from flyte_checkpoint.errors import InvalidCheckpointInputError, UnsupportedTypeError
 from flyte_checkpoint.state.failures import in_context, label_of, timed_out
+from flyte_checkpoint.timebounds import Deadline
 
 T = TypeVar("T")
 
@@ -43,21 +43,6 @@ def check_max_workers(max_workers: int | None, jobs: int) -> int:
     return max_workers
 
 
-class Deadline:
-    """A point in time (monotonic clock) that every wait of one operation shares."""
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self._end = time.monotonic() + timeout
-
-    def remaining(self) -> float:
-        return max(0.0, self._end - time.monotonic())
-
-    @property
-    def expired(self) -> bool:
-        return time.monotonic() >= self._end
-
-
 @contextlib.contextmanager
 def held(lock: LockLike | None, deadline: Deadline, consequence: str) -> Iterator[None]:
     """Hold the caller's lock, or run inside its pause hook, for the block.
@@ -78,7 +63,7 @@ def held(lock: LockLike | None, deadline: Deadline, consequence: str) -> Iterato
                 "pause hook (a callable returning a context manager)"
             )
         if not acquire(timeout=deadline.remaining()):
-            raise timed_out(f"the lock was not free within {deadline.timeout:g} s; {consequence}")
+            raise timed_out(f"the lock was not free within {deadline.seconds:g} s; {consequence}")
         try:
             yield
         finally:
@@ -145,7 +130,7 @@ def run_bounded(
                 if future in pending
             )
             raise timed_out(
-                f"{what} did not finish within {deadline.timeout:g} s ({running} still "
+                f"{what} did not finish within {deadline.seconds:g} s ({running} still "
                 f"running); {consequence}"
             )
         return [future.result() for future in futures]

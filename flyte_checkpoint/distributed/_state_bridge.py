@@ -27,10 +27,11 @@ from typing import Any
 from flyte_checkpoint.errors import CheckpointCorruptError
 from flyte_checkpoint.state.checkpoint import StateCheckpoint
 from flyte_checkpoint.state.layout import VERSIONS_DIR, Layout, _normalised_root, new_version_id
-from flyte_checkpoint.state.manager import STEP_DIR_PREFIX, CheckpointManager
+from flyte_checkpoint.state.manager import CheckpointManager
 from flyte_checkpoint.state.manifest import PartAck, PartRecord, checked_metadata
 from flyte_checkpoint.state.objects import fetch_bytes
 from flyte_checkpoint.state.pointer import pointer_moved, read_committed
+from flyte_checkpoint.steps import step_dir_name
 from flyte_checkpoint.storage import Backend, StorageOptions
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.uris import check_supported
@@ -200,7 +201,7 @@ def _steps(
 
 def step_dir(root: str, step: int) -> str:
     """The checkpoint directory of ``step`` under ``root`` (``root/step_<n>``)."""
-    return f"{root}/{STEP_DIR_PREFIX}{step}"
+    return f"{root}/{step_dir_name(step)}"
 
 
 def committed_steps(
@@ -218,4 +219,4 @@ def apply_retention(
     transfer: TransferSettings | None = None,
 ) -> list[int]:
     """Keep the newest ``keep_last`` committed steps and ``protect``; returns the deleted steps."""
-    return _steps(root, storage_options, keep_last, transfer)._apply_retention(protect=protect)
+    return _steps(root, storage_options, keep_last, transfer).apply_retention(protect=protect)

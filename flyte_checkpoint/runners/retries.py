@@ -20,7 +20,7 @@ from flyte_checkpoint.context import CheckpointPaths, TaskContext
 from flyte_checkpoint.errors import InvalidCheckpointInputError, Preempted
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import install_preemption_handler
-from flyte_checkpoint.runners.runtime import acall_task, attempt_scope, attempt_scope_async, call_task
+from flyte_checkpoint.runners.attempt import acall_task, attempt_scope, attempt_scope_async, call_task
 from flyte_checkpoint.storage import copy_object
 from flyte_checkpoint.uris import clean_uri, is_local, scheme_of
 
