@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import stat
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +27,7 @@ from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.storage.stores.local import make_directories
 from flyte_checkpoint.transfer import DEFAULT_RETRY, classify, holds_checkpoint, load_object, read_object
+from flyte_checkpoint.tree_removal import remove_tree
 from flyte_checkpoint.uris import check_object_uri
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -200,7 +200,8 @@ def restore_to(
             return target / restored.relative_to(staging)
         finally:
             if not holds_user_entries:
-                shutil.rmtree(staging, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    remove_tree(str(staging))
     except BaseException:
         for directory in reversed(created):  # innermost first; only what this call made
             with contextlib.suppress(OSError):
@@ -218,7 +219,7 @@ def _restore_into(
     retry: RetryPolicy,
 ) -> Path:
     def reset() -> None:
-        shutil.rmtree(staging)
+        remove_tree(str(staging))
         staging.mkdir()
 
     backend = backend_for(uri, storage_options, transfer=transfer)
@@ -268,7 +269,7 @@ def _swap_in(staging: Path, target: Path, holds_user_entries: list[bool]) -> Non
                     )
         raise
     try:
-        shutil.rmtree(aside)
+        remove_tree(str(aside))
     except OSError as exc:
         logger.warning(
             "restored into %s, but could not remove the entries it replaced in %s: %r", target, aside, exc

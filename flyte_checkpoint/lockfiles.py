@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import stat
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+
+from flyte_checkpoint.tree_removal import remove_tree
 
 LOCK_SUFFIX = ".lock"
 SNAPSHOT_PREFIX = ".flyte-cp-snapshot-"
@@ -112,23 +112,9 @@ def remove_owned_tree(directory: str) -> bool:
         return False
     if not is_ours(status, stat.S_ISDIR):
         return False
-    prefix = directory.rstrip(os.sep) + os.sep
-
-    # A task may have made a directory of its tree read-only: make it writable and retry. Only
-    # directories strictly inside the tree: the tree's own parent is a shared one such as /tmp.
-    def make_writable_and_retry(function: Callable[[str], object], path: str, exc: object) -> None:
-        parent = os.path.dirname(path)
-        if isinstance(exc, tuple):  # onerror's (type, value, traceback) before Python 3.12
-            exc = exc[1]
-        if isinstance(exc, PermissionError) and (parent + os.sep).startswith(prefix):
-            with contextlib.suppress(OSError):
-                os.chmod(parent, 0o700)
-                function(path)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(directory, onexc=make_writable_and_retry)
-    else:
-        shutil.rmtree(directory, onerror=make_writable_and_retry)
+    # A task may have made a directory of its tree read-only: remove_tree makes it writable.
+    with contextlib.suppress(OSError):
+        remove_tree(directory)
     return not os.path.lexists(directory)
 
 

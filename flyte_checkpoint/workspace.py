@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 import weakref
 from pathlib import Path, PosixPath
@@ -12,6 +11,7 @@ from pathlib import Path, PosixPath
 from flyte_checkpoint.errors import CheckpointClosedError
 from flyte_checkpoint.lockfiles import LOCK_SUFFIX, create_locked, remove_owned_tree, sweep_abandoned
 from flyte_checkpoint.storage.errors import translated_os_errors
+from flyte_checkpoint.tree_removal import remove_tree
 
 WORKSPACE_PREFIX = "flyte-cp-"
 
@@ -88,7 +88,7 @@ class Workspace:
         with translated_os_errors(str(root), "clearing the workspace"), os.scandir(root) as children:
             for child in children:
                 if child.is_dir(follow_symlinks=False):
-                    shutil.rmtree(child.path)
+                    remove_tree(child.path)
                 else:
                     os.unlink(child.path)
 

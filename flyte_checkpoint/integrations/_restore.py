@@ -7,6 +7,7 @@ from pathlib import Path
 
 from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
+from flyte_checkpoint.tree_removal import remove_tree
 
 
 def restore_directory(checkpoint: BaseCheckpoint, *, not_a_directory: str) -> Path | None:
@@ -27,6 +28,6 @@ def replace_contents(target: Path, restored: Path) -> Path:
     """Make ``target`` a copy of ``restored`` (the framework's own directory, so its rotation of
     older checkpoints carries on where it left off); return ``target``."""
     if target.exists():
-        shutil.rmtree(target)
+        remove_tree(str(target))
     shutil.copytree(restored, target, symlinks=True)
     return target

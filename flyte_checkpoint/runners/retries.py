@@ -8,9 +8,9 @@ preempted never uses up the retries meant for the task's own failures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
@@ -22,6 +22,7 @@ from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.runners.attempt import acall_task, attempt_scope, attempt_scope_async, call_task
 from flyte_checkpoint.storage import copy_object
+from flyte_checkpoint.tree_removal import remove_tree
 from flyte_checkpoint.uris import clean_uri, is_local, scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -156,7 +157,8 @@ class RetryPlan:
     def finish(self) -> None:
         """Remove the checkpoint directory if this plan created it."""
         if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(str(self._own_dir))
 
 
 @overload

@@ -27,8 +27,8 @@ This module imports ``ray``; the rest of the package never does (install the ``r
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import shutil
 import tempfile
 import threading
 import time
@@ -62,6 +62,7 @@ from flyte_checkpoint.state.restore import NOTHING_RESTORED, Staged, Target, che
 from flyte_checkpoint.state.waiting import LockLike, held
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.timebounds import Deadline
+from flyte_checkpoint.tree_removal import remove_tree
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -374,7 +375,8 @@ class _Held:
     prior: Payload | None = None
 
     def close(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(str(self.scratch))
 
 
 _held: dict[tuple[str, int | None], _Held] = {}

@@ -20,7 +20,7 @@ ROOT = PACKAGE.name
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
-        "errors",
+        "errors tree_removal",
         "environment lockfiles progress running newest_file steps timebounds",
         "uris archive",
         "storage",

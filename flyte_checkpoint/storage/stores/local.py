@@ -7,7 +7,6 @@ import errno
 import io
 import logging
 import os
-import shutil
 import stat
 import threading
 from collections.abc import Mapping
@@ -36,6 +35,7 @@ from flyte_checkpoint.storage.base import (
 from flyte_checkpoint.storage.deferred_unlink import RETIRED_SUFFIX, release, retire
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.kernel_copy import KernelCopy, regular_file_descriptor
+from flyte_checkpoint.tree_removal import remove_tree
 from flyte_checkpoint.uris import local_path
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -431,4 +431,4 @@ class LocalBackend(Backend):
         root = local_path(uri)
         with translated_os_errors(uri, "deleting"):
             if root.is_dir():
-                shutil.rmtree(root)
+                remove_tree(str(root))
