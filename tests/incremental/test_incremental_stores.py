@@ -5,6 +5,7 @@ save."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from pathlib import Path
@@ -159,3 +160,44 @@ def test_a_retry_resumes_from_the_incremental_save_of_the_attempt_before(
     assert result == "done"
     assert resumed == [{"dropped.bin": dropped, "kept.bin": kept}]
     assert len(chunk_uris(any_store, "run/checkpoint.chunks")) == 3
+
+
+def test_a_later_attempt_walks_back_to_an_earlier_attempts_incremental_save(
+    any_store: Store, tmp_path: Path, uploads: list[int]
+) -> None:
+    """Per-attempt layout (``…/{run}/{action}/{n}/…``): attempt 0 saves, attempt 1 dies before
+    saving, attempt 2 finds attempt 0's manifest by walking back, resolves the chunk store the
+    attempts share, uploads only what it adds and keeps attempt 0's chunks at collection."""
+    if any_store.kind == "azure":  # walk-back knows az:// and abfss://, not abfs:// (uris.REPAIRABLE_SCHEMES)
+        any_store = dataclasses.replace(any_store, base=any_store.base.replace("abfs://", "az://", 1))
+    source = tmp_path / "work"
+    source.mkdir()
+    first, added = os.urandom(4 * KIB), os.urandom(1 * KIB)
+    (source / "first.bin").write_bytes(first)
+
+    def attempt(number: int, src: str | None) -> Checkpoint:
+        return Checkpoint(
+            any_store.uri(f"r1/a0/{number}/_flytecheckpoints"),
+            any_store.uri(src) if src else None,
+            storage_options=any_store.storage_options,
+            run_name="r1",
+            action_name="a0",
+            attempt_number=number,
+        )
+
+    with attempt(0, None) as zero:
+        zero.save_sync(source, incremental=True)
+    before = len(uploads)
+    with attempt(2, "r1/a0/1/_flytecheckpoints") as two:
+        restored = two.load_sync()
+        assert restored is not None
+        assert tree_of(restored) == {"first.bin": first}
+        restored_from = two.restored_from
+        assert restored_from is not None
+        assert restored_from.uri == any_store.uri("r1/a0/0/_flytecheckpoints")
+        (source / "first.bin").unlink()
+        (source / "added.bin").write_bytes(added)
+        two.save_sync(source, incremental=True)
+        assert uploads[before:] == [len(added)]
+        assert two.collect_garbage_sync(grace=datetime.timedelta(0)).removed == 0
+    assert len(chunk_uris(any_store, "r1/a0/.flyte-checkpoint-chunks/_flytecheckpoints")) == 2
