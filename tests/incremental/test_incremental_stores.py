@@ -110,8 +110,9 @@ def test_garbage_collection_removes_orphans_and_keeps_what_the_destination_needs
         assert tree_of(restored) == {"shared": shared, "new": added}
 
 
-def test_a_missing_chunk_fails_the_load_and_leaves_the_workspace_empty(
-    any_store: Store, tmp_path: Path
+@pytest.mark.parametrize(("damage", "message"), [("missing", "is missing"), ("altered", "does not match")])
+def test_a_missing_or_altered_chunk_fails_the_load_and_leaves_the_workspace_empty(
+    any_store: Store, tmp_path: Path, damage: str, message: str
 ) -> None:
     source = tmp_path / "state"
     source.mkdir()
@@ -119,9 +120,15 @@ def test_a_missing_chunk_fails_the_load_and_leaves_the_workspace_empty(
     with helper(any_store, "ckpt") as saving:
         saving.save_sync(source, incremental=True)
     (chunk,) = chunk_uris(any_store, "ckpt.chunks")
-    backend_for(chunk, any_store.storage_options).delete(chunk)
+    backend = backend_for(chunk, any_store.storage_options)
+    if damage == "missing":
+        backend.delete(chunk)
+    else:  # a well-formed object (its own digest recorded) holding other bytes
+        writer = backend.open_write(chunk, {})
+        writer.write(os.urandom(5 * KIB))
+        writer.commit()
     with helper(any_store, "next", "ckpt") as loading:
-        with pytest.raises(CheckpointChunkError, match=r"model\.bin.*is missing"):
+        with pytest.raises(CheckpointChunkError, match=rf"model\.bin.*{message}"):
             loading.load_sync()
         assert list(loading.path.iterdir()) == []
 
