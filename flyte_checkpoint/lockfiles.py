@@ -125,50 +125,11 @@ def remove_owned_tree(directory: str) -> bool:
                 os.chmod(parent, 0o700)
                 function(path)
 
-    try:
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(directory, onexc=make_writable_and_retry)
-        else:
-            shutil.rmtree(directory, onerror=make_writable_and_retry)
-    except RecursionError:
-        # shutil.rmtree recurses once per level: a tree deeper than the interpreter's recursion
-        # limit (an abandoned workspace a task nested thousands of levels deep) would otherwise
-        # fail whichever load or save swept it.
-        with contextlib.suppress(OSError):
-            _remove_deep_tree(directory)
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(directory, onexc=make_writable_and_retry)
+    else:
+        shutil.rmtree(directory, onerror=make_writable_and_retry)
     return not os.path.lexists(directory)
-
-
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _remove_deep_tree(directory: str) -> None:
-    """Remove ``directory``'s tree however deep: one open directory at a time, walking down by
-    name and back up by ``..``, so neither the stack nor the path length grows with its depth."""
-    fd = os.open(directory, _DIRECTORY_FLAGS)
-    below: list[str] = []  # the names walked down from ``directory`` to ``fd``
-    try:
-        while True:
-            os.fchmod(fd, 0o700)  # ours (checked at the top); read-only directories too
-            with os.scandir(fd) as listing:
-                entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listing]
-            for name, is_directory in entries:
-                if not is_directory:
-                    os.unlink(name, dir_fd=fd)
-            child = next((name for name, is_directory in entries if is_directory), None)
-            if child is not None:
-                fd, parent = os.open(child, _DIRECTORY_FLAGS, dir_fd=fd), fd
-                os.close(parent)
-                below.append(child)
-            elif below:
-                fd, emptied = os.open("..", _DIRECTORY_FLAGS, dir_fd=fd), fd
-                os.close(emptied)
-                os.rmdir(below.pop(), dir_fd=fd)
-            else:
-                break
-    finally:
-        os.close(fd)
-    os.rmdir(directory)
 
 
 def is_snapshot_scratch(path: str) -> bool:
