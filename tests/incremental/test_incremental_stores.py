@@ -54,8 +54,9 @@ def chunk_uris(store: Store, chunks: str) -> list[str]:
     return sorted(backend.list_prefix(f"{store.uri(chunks)}/sha256"))
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
 def test_each_save_of_a_growing_directory_uploads_only_what_is_new(
-    any_store: Store, tmp_path: Path, uploads: list[int]
+    any_store: Store, tmp_path: Path, uploads: list[int], background: bool
 ) -> None:
     source = tmp_path / "output"
     (source / "logs").mkdir(parents=True)
@@ -64,7 +65,8 @@ def test_each_save_of_a_growing_directory_uploads_only_what_is_new(
         for step in range(3):
             before = len(uploads)
             (source / f"checkpoint-{step}.bin").write_bytes(os.urandom((step + 1) * 10 * KIB))
-            saving.save_sync(source, incremental=True)
+            saving.save_sync(source, incremental=True, background=background)
+            saving.wait_sync()
             expected = [(step + 1) * 10 * KIB] + ([len("step 0\n")] if step == 0 else [])
             assert sorted(uploads[before:]) == sorted(expected)
     assert len(chunk_uris(any_store, "ckpt.chunks")) == 4
