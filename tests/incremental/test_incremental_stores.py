@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from flyte_checkpoint.errors import CheckpointChunkError
 from flyte_checkpoint.incremental import ChunkStore
 from flyte_checkpoint.incremental.chunks import ReadChunks
 from flyte_checkpoint.incremental.manifest import ChunkRef
+from flyte_checkpoint.integrations._mirror import DirectoryMirror
 from flyte_checkpoint.storage import Backend, backend_for
 from tests.conftest import tree_of
 from tests.stores import Store
@@ -210,3 +212,25 @@ def test_a_later_attempt_walks_back_to_an_earlier_attempts_incremental_save(
         assert uploads[before:] == [len(added)]
         assert two.collect_garbage_sync(grace=datetime.timedelta(0)).removed == 0
     assert len(chunk_uris(any_store, "r1/a0/.flyte-checkpoint-chunks/_flytecheckpoints")) == 2
+
+
+def test_the_mirror_callbacks_store_each_framework_checkpoint_once(any_store: Store, tmp_path: Path) -> None:
+    """What the Hugging Face and Lightning mirror callbacks share: an output directory gaining a
+    ``checkpoint-N`` per save costs the new one; a rotation leaves the object without the old one."""
+    output = tmp_path / "output"
+    output.mkdir()
+    with helper(any_store, "ckpt") as saving:
+        mirror = DirectoryMirror(incremental=True)
+        for step in range(3):
+            (output / f"checkpoint-{step}").mkdir()
+            (output / f"checkpoint-{step}" / "model.bin").write_bytes(os.urandom(8 * KIB))
+            mirror.save(saving, output)
+        backend = backend_for(any_store.uri("ckpt"), any_store.storage_options)
+        infos = [backend.info(uri) for uri in chunk_uris(any_store, "ckpt.chunks")]
+        assert sum(info.size for info in infos if info is not None) == 3 * 8 * KIB
+        shutil.rmtree(output / "checkpoint-0")  # the framework rotates the oldest out
+        mirror.save(saving, output)
+    with helper(any_store, "next", "ckpt") as loading:
+        restored = loading.load_sync()
+        assert restored is not None
+        assert sorted(path.name for path in restored.iterdir()) == ["checkpoint-1", "checkpoint-2"]
