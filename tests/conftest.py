@@ -10,6 +10,7 @@ import pytest
 
 from flyte_checkpoint.environment import ATTEMPT_NUMBER_ENV
 from tests.storage_servers import StorageServer, start_azurite, start_fake_gcs, start_moto
+from tests.stores import STORE_KINDS, Store, store_of
 
 
 def _serve(start: Callable[..., StorageServer], log_dir: Path) -> Iterator[StorageServer]:
@@ -37,6 +38,13 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageServ
 def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageServer]:
     """A real Azure Blob emulator (Azurite) on 127.0.0.1 for the whole session."""
     yield from _serve(start_azurite, tmp_path_factory.mktemp("azurite-log"))
+
+
+@pytest.fixture(params=STORE_KINDS)
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """Each test using it runs on local disk, S3 (moto), GCS (fake-gcs-server) and Azure
+    (Azurite): the shared "every store" parametrisation (``tests/state`` keeps its own)."""
+    return store_of(str(request.param), request, tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -6,9 +6,10 @@ import abc
 import contextlib
 import io
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timezone
 from types import TracebackType
 from typing import IO, Any, Protocol
 
@@ -63,6 +64,29 @@ def read_chunks(source: ReadsInto, chunk_size: int = COPY_CHUNK) -> Iterator[mem
     view = memoryview(bytearray(chunk_size))
     while count := source.readinto(view):
         yield view[:count]
+
+
+_FRACTION = re.compile(r"\.(\d+)")
+
+
+def modified_time(value: object) -> datetime | None:
+    """A store's modification time as an aware datetime, or ``None`` when it gave none.
+
+    Clients report it as a datetime (naive ones are UTC) or as RFC 3339 text: GCS's JSON API
+    (and so gcsfs) sends ``"2026-12-04T15:27:12.66271Z"``, with a ``Z`` and as many fraction
+    digits as it likes, which ``datetime.fromisoformat`` refuses before Python 3.11. Without a
+    time, garbage collection can never tell an old chunk from a young one and keeps them all.
+    """
+    if isinstance(value, str):
+        text = value.strip().replace("Z", "+00:00").replace("z", "+00:00")
+        text = _FRACTION.sub(lambda match: "." + match.group(1)[:6].ljust(6, "0"), text, count=1)
+        try:
+            value = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
 
 class ObjectInfo(BaseModel):

@@ -92,16 +92,22 @@ def test_an_object_is_independent_members_ending_in_an_index_and_a_tail(tree: Pa
         gzip.decompress(data[offset : offset + frame.length])
 
 
+def extracted_by_tar(data: bytes, where: Path) -> Path:
+    """``data`` saved as ``where/object.tar.gz`` and unpacked by ``tar -xzf`` into ``where/by-tar``
+    (the test is skipped where there is no ``tar``)."""
+    if shutil.which("tar") is None:
+        pytest.skip("no tar here")
+    (where / "object.tar.gz").write_bytes(data)
+    (out := where / "by-tar").mkdir()
+    subprocess.run(["tar", "-xzf", str(where / "object.tar.gz"), "-C", str(out)], check=True)
+    return out
+
+
 def test_standard_readers_and_tar_read_the_new_objects(tree: Path, tmp_path: Path) -> None:
     data = packed(tree)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as opened:
         assert sorted(opened.getnames()) == ["empty", "log.txt", "weights", "weights/model.bin"]
-    if shutil.which("tar") is None:
-        pytest.skip("no tar here")
-    (tmp_path / "object.tar.gz").write_bytes(data)
-    (out := tmp_path / "by-tar").mkdir()
-    subprocess.run(["tar", "-xzf", str(tmp_path / "object.tar.gz"), "-C", str(out)], check=True)
-    assert contents(out) == contents(tree)
+    assert contents(extracted_by_tar(data, tmp_path)) == contents(tree)
 
 
 def test_a_parallel_load_equals_the_streaming_load(tree: Path, tmp_path: Path) -> None:

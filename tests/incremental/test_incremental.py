@@ -228,27 +228,27 @@ def test_a_newer_manifest_version_asks_to_upgrade(tmp_path: Path) -> None:
         _load(Store("local", str(tmp_path)), str(dest), tmp_path / "restored")
 
 
-def test_garbage_collection_keeps_live_chunks_and_removes_orphans(store: Store, tmp_path: Path) -> None:
+def test_garbage_collection_keeps_live_chunks_and_removes_orphans(any_store: Store, tmp_path: Path) -> None:
     shared, dropped, added = b"kept" * 500, b"dropped" * 300, b"added" * 200
-    uri, chunks = _saved(store, tmp_path, {"shared": shared, "old": dropped})
-    _saved(store, tmp_path, {"shared": shared, "new": added})  # replaces the manifest at uri
-    backend = backend_for(uri, store.storage_options)
+    uri, chunks = _saved(any_store, tmp_path, {"shared": shared, "old": dropped})
+    _saved(any_store, tmp_path, {"shared": shared, "new": added})  # replaces the manifest at uri
+    backend = backend_for(uri, any_store.storage_options)
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=2)
     young = collect_garbage(backend, chunks, [uri])  # the orphan is younger than the grace period
     assert young.removed == 0
     collected = collect_garbage(backend, chunks, [uri], now=later)
     assert (collected.removed, collected.removed_bytes, collected.kept) == (1, len(dropped), 2)
-    restored = _load(store, uri, tmp_path / "restored")
+    restored = _load(any_store, uri, tmp_path / "restored")
     assert restored is not None
     assert tree_of(restored) == {"shared": shared, "new": added}
 
 
-def test_garbage_collection_keeps_the_chunks_of_a_save_in_progress(store: Store, tmp_path: Path) -> None:
+def test_garbage_collection_keeps_the_chunks_of_a_save_in_progress(any_store: Store, tmp_path: Path) -> None:
     """A save lists its chunks in a pending marker before it uploads any; until its manifest
     commits, only that marker says they are needed."""
-    uri, chunks = _saved(store, tmp_path, {"pending": b"in flight" * 100})
-    backend = backend_for(uri, store.storage_options)
-    manifest = parse_manifest(_read(store, uri), uri)
+    uri, chunks = _saved(any_store, tmp_path, {"pending": b"in flight" * 100})
+    backend = backend_for(uri, any_store.storage_options)
+    manifest = parse_manifest(_read(any_store, uri), uri)
     marker = f"{chunks.uri}/{PENDING}/other-save.json"
     writer = backend.open_write(marker, {})
     writer.write(json.dumps(sorted(manifest.digests())).encode())

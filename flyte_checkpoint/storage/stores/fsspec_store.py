@@ -45,6 +45,7 @@ from flyte_checkpoint.storage.base import (
     ObjectWriter,
     VerifyingReader,
     WriteGate,
+    modified_time,
 )
 from flyte_checkpoint.storage.deadline import TransferBound
 from flyte_checkpoint.storage.errors import confirm_absent, constructor_error, translated_backend_errors
@@ -285,7 +286,7 @@ class FsspecBackend(Backend):
             size=int(details.get("size") or 0),
             metadata=our_metadata(details.get("metadata") or {}),
             version=str(version) if version is not None else None,
-            modified=modified if not isinstance(modified, str) else None,
+            modified=modified_time(modified),
         )
 
     def copy(self, src: str, dst: str) -> None:

@@ -47,7 +47,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 from flyte_checkpoint.errors import ConfigurationError
-from flyte_checkpoint.storage.base import ObjectInfo
+from flyte_checkpoint.storage.base import ObjectInfo, modified_time
 from flyte_checkpoint.storage.parallel.bodies import PartBody
 from flyte_checkpoint.storage.parallel.contract import ObjectReplacedError, RangeBody
 from flyte_checkpoint.storage.stores.fsspec_store import (
@@ -381,9 +381,9 @@ class GCSObject:
             upload_id = str(item["name"])[len(base) :].split("/", 1)[0]
             if upload_id == keep:
                 continue
-            created = datetime.fromisoformat(str(item.get("timeCreated", "")).replace("Z", "+00:00"))
+            created = modified_time(item.get("timeCreated"))
             uploads.setdefault(upload_id, []).append(str(item["name"]))
-            if created > cutoff:
+            if created is None or created > cutoff:
                 fresh.add(upload_id)  # a save that may still be running
         stale = {upload_id: names for upload_id, names in uploads.items() if upload_id not in fresh}
         await self._delete_all([name for names in stale.values() for name in names])
@@ -430,9 +430,7 @@ class GCSObject:
             size=int(described.get("size") or 0),
             metadata=our_metadata(described.get("metadata") or {}),
             version=str(described["generation"]),
-            modified=datetime.fromisoformat(str(described["updated"]).replace("Z", "+00:00"))
-            if described.get("updated")
-            else None,
+            modified=modified_time(described.get("updated")),
         )
         self._crc32c = described.get("crc32c")
         if info.size == 0:
