@@ -125,11 +125,37 @@ def remove_owned_tree(directory: str) -> bool:
                 os.chmod(parent, 0o700)
                 function(path)
 
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(directory, onexc=make_writable_and_retry)
-    else:
-        shutil.rmtree(directory, onerror=make_writable_and_retry)
+    try:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(directory, onexc=make_writable_and_retry)
+        else:
+            shutil.rmtree(directory, onerror=make_writable_and_retry)
+    except RecursionError:
+        with contextlib.suppress(OSError):
+            remove_deep_tree(directory)
     return not os.path.lexists(directory)
+
+
+def remove_deep_tree(directory: str) -> None:
+    """Remove ``directory`` and everything in it without recursing, never following a symlink.
+
+    :func:`shutil.rmtree` recurses once per level (before Python 3.13), so a tree nested past the
+    recursion limit (a checkpoint may restore one: paths of 4 KiB hold 2,000 levels) raises
+    :class:`RecursionError` half-way; this walks it bottom-up with a list instead.
+    """
+    stack = [directory]
+    while stack:
+        below = []
+        with os.scandir(stack[-1]) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    below.append(entry.path)
+                else:
+                    os.unlink(entry.path)
+        if below:
+            stack.extend(below)
+        else:
+            os.rmdir(stack.pop())
 
 
 def is_snapshot_scratch(path: str) -> bool:

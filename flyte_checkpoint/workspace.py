@@ -10,7 +10,13 @@ import weakref
 from pathlib import Path, PosixPath
 
 from flyte_checkpoint.errors import CheckpointClosedError
-from flyte_checkpoint.lockfiles import LOCK_SUFFIX, create_locked, remove_owned_tree, sweep_abandoned
+from flyte_checkpoint.lockfiles import (
+    LOCK_SUFFIX,
+    create_locked,
+    remove_deep_tree,
+    remove_owned_tree,
+    sweep_abandoned,
+)
 from flyte_checkpoint.storage.errors import translated_os_errors
 
 WORKSPACE_PREFIX = "flyte-cp-"
@@ -88,7 +94,10 @@ class Workspace:
         with translated_os_errors(str(root), "clearing the workspace"), os.scandir(root) as children:
             for child in children:
                 if child.is_dir(follow_symlinks=False):
-                    shutil.rmtree(child.path)
+                    try:
+                        shutil.rmtree(child.path)
+                    except RecursionError:
+                        remove_deep_tree(child.path)
                 else:
                     os.unlink(child.path)
 

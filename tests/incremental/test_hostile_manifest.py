@@ -1,0 +1,62 @@
+"""Hostile manifests, loaded as a user would: refused, or restored and cleaned up, without
+leaving anything behind that breaks the next load."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint import Checkpoint
+from flyte_checkpoint.errors import CheckpointChunkError
+from flyte_checkpoint.incremental.manifest import ChunkRef, DirectoryEntry, FileEntry, Manifest
+from flyte_checkpoint.lockfiles import remove_deep_tree
+from flyte_checkpoint.workspace import WORKSPACE_PREFIX
+
+DEEPER_THAN_THE_RECURSION_LIMIT = 1200
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The temporary directory workspaces (and their sweep) use, emptied even after a failure: a
+    deep tree left behind would break pytest's own clean-up of old runs, which recurses too."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    yield tmp_path
+    remove_deep_tree(str(tmp_path))
+
+
+def _deep_manifest(dest: Path) -> None:
+    nested = tuple(
+        DirectoryEntry(path="/".join(["d"] * depth), mode=0o755)
+        for depth in range(1, DEEPER_THAN_THE_RECURSION_LIMIT)
+    )
+    dest.write_bytes(Manifest(chunk_store="ckpt.chunks", chunk_size=1, directories=nested).encode())
+
+
+def test_a_tree_nested_past_the_recursion_limit_is_restored_and_its_workspace_removed(
+    temp_dir: Path,
+) -> None:
+    dest = temp_dir / "ckpt"
+    _deep_manifest(dest)
+    with Checkpoint(temp_dir / "next", checkpoint_src=dest) as helper:
+        restored = helper.load_sync()
+        assert restored is not None
+        assert (restored / "/".join(["d"] * (DEEPER_THAN_THE_RECURSION_LIMIT - 1))).is_dir()
+    assert not list(temp_dir.glob(f"{WORKSPACE_PREFIX}*"))
+
+
+def test_a_failed_load_of_a_tree_nested_past_the_recursion_limit_leaves_the_workspace_empty(
+    temp_dir: Path,
+) -> None:
+    dest = temp_dir / "ckpt"
+    _deep_manifest(dest)
+    deep = Manifest.model_validate_json(dest.read_bytes())
+    missing = FileEntry(path="d/lost", mode=0o644, size=1, chunks=(ChunkRef(sha256="0" * 64, size=1),))
+    dest.write_bytes(deep.model_copy(update={"files": (missing,)}).encode())
+    with Checkpoint(temp_dir / "next", checkpoint_src=dest) as helper:
+        with pytest.raises(CheckpointChunkError, match="'d/lost'"):
+            helper.load_sync()
+        (workspace,) = temp_dir.glob(f"{WORKSPACE_PREFIX}*[!k]")  # not the .lock beside it
+        assert list(workspace.iterdir()) == []
