@@ -4,8 +4,9 @@ The manifest is not trusted more than an archive is: the same rules apply (PEP 7
 filter, as :mod:`flyte_checkpoint.archive` applies them): no absolute path, no ``..``, no entry
 twice, no file written through a link (links are made last, then each is followed to check it
 stays inside the tree), permission bits without setuid/setgid/sticky or group/other write; and
-the extraction limits on entries and bytes. Each file is written under a temporary name in its
-own directory and renamed into place once all its chunks were fetched and checked.
+the extraction limits on entries and bytes. Each file is written under its own name (created,
+never opened through a link or over an existing entry); a restore that fails leaves the
+workspace to the caller to reset, as an archive's extraction does.
 """
 
 from __future__ import annotations
@@ -122,12 +123,10 @@ def _place(root: str, name: str) -> str:
 def _write_file(backend: Backend, store: ChunkStore, root: str, entry: FileEntry) -> None:
     if sum(chunk.size for chunk in entry.chunks) != entry.size:
         raise UnsafeArchiveError(f"{entry.path!r} is listed with chunks that do not add up to its size")
-    final = f"{root}/{entry.path}"
-    directory, _, name = final.rpartition("/")
-    partial = f"{directory}/.{name}.fc-partial"
+    # Under its own name: a temporary name beside it could be another listed file's (a tree
+    # may hold both "f" and ".f.partial"); a failed restore leaves the workspace to be reset.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with open(os.open(partial, flags, 0o600), "wb") as out:
+    with open(os.open(f"{root}/{entry.path}", flags, 0o600), "wb") as out:
         for chunk in entry.chunks:
             out.write(store.fetch(backend, chunk, needed_by=entry.path))
         os.fchmod(out.fileno(), safe_file_mode(entry.mode))
-    os.replace(partial, final)

@@ -14,6 +14,7 @@ from flyte_checkpoint.errors import CheckpointChunkError
 from flyte_checkpoint.incremental.manifest import ChunkRef, DirectoryEntry, FileEntry, Manifest
 from flyte_checkpoint.lockfiles import remove_deep_tree
 from flyte_checkpoint.workspace import WORKSPACE_PREFIX
+from tests.conftest import tree_of
 
 DEEPER_THAN_THE_RECURSION_LIMIT = 1200
 
@@ -60,3 +61,16 @@ def test_a_failed_load_of_a_tree_nested_past_the_recursion_limit_leaves_the_work
             helper.load_sync()
         (workspace,) = temp_dir.glob(f"{WORKSPACE_PREFIX}*[!k]")  # not the .lock beside it
         assert list(workspace.iterdir()) == []
+
+
+def test_a_file_named_like_another_files_temporary_name_is_restored(tmp_path: Path) -> None:
+    source = tmp_path / "state"
+    source.mkdir()
+    (source / "f").write_bytes(b"the file")
+    (source / ".f.fc-partial").write_bytes(b"a file of the task's own")
+    with Checkpoint(tmp_path / "ckpt") as helper:
+        helper.save_sync(source, incremental=True)
+    with Checkpoint(tmp_path / "next", checkpoint_src=tmp_path / "ckpt") as helper:
+        restored = helper.load_sync()
+        assert restored is not None
+        assert tree_of(restored) == tree_of(source)
