@@ -11,6 +11,8 @@ workspace to the caller to reset, as an archive's extraction does.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from pathlib import Path
 from typing import IO
@@ -25,6 +27,7 @@ from flyte_checkpoint.storage import COPY_CHUNK, Backend
 from flyte_checkpoint.storage.errors import translated_os_errors
 
 _WHERE = "the workspace"
+_ZEROS = bytes(COPY_CHUNK)
 
 
 def read_manifest(stream: IO[bytes], uri: str) -> Manifest:
@@ -128,5 +131,20 @@ def _write_file(backend: Backend, store: ChunkStore, root: str, entry: FileEntry
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with open(os.open(f"{root}/{entry.path}", flags, 0o600), "wb") as out:
         for chunk in entry.chunks:
-            out.write(store.fetch(backend, chunk, needed_by=entry.path))
+            if chunk.sha256 == _zeros_digest(chunk.size):
+                out.seek(chunk.size, os.SEEK_CUR)  # known without fetching; left a hole, as saved
+            else:
+                out.write(store.fetch(backend, chunk, needed_by=entry.path))
+        out.truncate()  # the length of a file that ends in a hole
         os.fchmod(out.fileno(), safe_file_mode(entry.mode))
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros_digest(size: int) -> str:
+    """The SHA-256 of ``size`` zero bytes: a chunk that holds only zeros (a sparse or
+    preallocated file) needs no fetch, and is restored as a hole rather than written."""
+    digest = hashlib.sha256()
+    for _ in range(size // COPY_CHUNK):
+        digest.update(_ZEROS)
+    digest.update(_ZEROS[: size % COPY_CHUNK])
+    return digest.hexdigest()

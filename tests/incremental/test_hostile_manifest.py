@@ -3,6 +3,7 @@ leaving anything behind that breaks the next load."""
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,3 +75,24 @@ def test_a_file_named_like_another_files_temporary_name_is_restored(tmp_path: Pa
         restored = helper.load_sync()
         assert restored is not None
         assert tree_of(restored) == tree_of(source)
+
+
+def test_a_sparse_file_is_restored_sparse_without_fetching_its_zeros(tmp_path: Path) -> None:
+    source = tmp_path / "state"
+    source.mkdir()
+    with open(source / "preallocated", "wb") as sparse:
+        sparse.write(b"head")
+        sparse.truncate(48 << 20)  # three 16 MiB chunks, the last two all zeros
+    dest = tmp_path / "ckpt"
+    with Checkpoint(dest) as helper:
+        helper.save_sync(source, incremental=True)
+    zeros = hashlib.sha256(bytes(16 << 20)).hexdigest()
+    (tmp_path / "ckpt.chunks" / "sha256" / zeros[:2] / zeros).unlink()  # a load must not need it
+    with Checkpoint(tmp_path / "next", checkpoint_src=dest) as helper:
+        restored = helper.load_sync()
+        assert restored is not None
+        restored_file = restored / "preallocated"
+        assert restored_file.stat().st_size == 48 << 20
+        assert restored_file.stat().st_blocks * 512 < 20 << 20
+        with open(restored_file, "rb") as data:
+            assert data.read(4) == b"head"
