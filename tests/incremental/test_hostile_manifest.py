@@ -3,6 +3,7 @@ leaving anything behind that breaks the next load."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import tempfile
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import Checkpoint
-from flyte_checkpoint.errors import CheckpointChunkError
+from flyte_checkpoint.errors import CheckpointChunkError, CheckpointCorruptError
 from flyte_checkpoint.incremental.manifest import ChunkRef, DirectoryEntry, FileEntry, Manifest
 from flyte_checkpoint.lockfiles import remove_deep_tree
 from flyte_checkpoint.workspace import WORKSPACE_PREFIX
@@ -96,3 +97,17 @@ def test_a_sparse_file_is_restored_sparse_without_fetching_its_zeros(tmp_path: P
         assert restored_file.stat().st_blocks * 512 < 20 << 20
         with open(restored_file, "rb") as data:
             assert data.read(4) == b"head"
+
+
+@pytest.mark.parametrize("marker", [b"null", b"5", b"{not json"])
+def test_a_damaged_pending_marker_stops_garbage_collection_naming_it(tmp_path: Path, marker: bytes) -> None:
+    source = tmp_path / "state"
+    source.mkdir()
+    (source / "a").write_bytes(b"a" * 100)
+    with Checkpoint(tmp_path / "ckpt") as helper:
+        helper.save_sync(source, incremental=True)
+        pending = tmp_path / "ckpt.chunks" / "pending"
+        pending.mkdir(exist_ok=True)
+        (pending / "damaged.json").write_bytes(marker)
+        with pytest.raises(CheckpointCorruptError, match=r"marker .*damaged\.json is damaged"):
+            helper.collect_garbage_sync(grace=datetime.timedelta(0))
