@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import tempfile
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,3 +112,24 @@ def test_a_damaged_pending_marker_stops_garbage_collection_naming_it(tmp_path: P
         (pending / "damaged.json").write_bytes(marker)
         with pytest.raises(CheckpointCorruptError, match=r"marker .*damaged\.json is damaged"):
             helper.collect_garbage_sync(grace=datetime.timedelta(0))
+
+
+def test_a_chunk_grown_past_its_listed_size_is_refused_without_reading_it(tmp_path: Path) -> None:
+    source = tmp_path / "state"
+    source.mkdir()
+    (source / "small").write_bytes(b"s" * 100)
+    dest = tmp_path / "ckpt"
+    with Checkpoint(dest) as helper:
+        helper.save_sync(source, incremental=True)
+    digest = hashlib.sha256(b"s" * 100).hexdigest()
+    with open(tmp_path / "ckpt.chunks" / "sha256" / digest[:2] / digest, "ab") as chunk:
+        chunk.truncate(64 << 20)
+    with Checkpoint(tmp_path / "next", checkpoint_src=dest) as helper:
+        tracemalloc.start()
+        try:
+            with pytest.raises(CheckpointChunkError, match="'small' is damaged"):
+                helper.load_sync()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 16 << 20
