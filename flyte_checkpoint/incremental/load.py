@@ -28,6 +28,7 @@ from flyte_checkpoint.storage.errors import translated_os_errors
 
 _WHERE = "the workspace"
 _ZEROS = bytes(COPY_CHUNK)
+_ZEROS_UP_TO = 64 << 20
 
 
 def read_manifest(stream: IO[bytes], uri: str) -> Manifest:
@@ -131,7 +132,7 @@ def _write_file(backend: Backend, store: ChunkStore, root: str, entry: FileEntry
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with open(os.open(f"{root}/{entry.path}", flags, 0o600), "wb") as out:
         for chunk in entry.chunks:
-            if chunk.sha256 == _zeros_digest(chunk.size):
+            if chunk.size == store.chunk_size <= _ZEROS_UP_TO and chunk.sha256 == _zeros_digest(chunk.size):
                 out.seek(chunk.size, os.SEEK_CUR)  # known without fetching; left a hole, as saved
             else:
                 out.write(store.fetch(backend, chunk, needed_by=entry.path))
@@ -139,10 +140,12 @@ def _write_file(backend: Backend, store: ChunkStore, root: str, entry: FileEntry
         os.fchmod(out.fileno(), safe_file_mode(entry.mode))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=4)
 def _zeros_digest(size: int) -> str:
-    """The SHA-256 of ``size`` zero bytes: a chunk that holds only zeros (a sparse or
-    preallocated file) needs no fetch, and is restored as a hole rather than written."""
+    """The SHA-256 of ``size`` zero bytes: a whole chunk that holds only zeros (of a sparse or
+    preallocated file) needs no fetch, and is restored as a hole rather than written. Only for
+    whole chunks of at most :data:`_ZEROS_UP_TO` bytes: one digest per chunk size, computed once
+    (a digest per size of each file's last chunk would hash the tree's size in zeros again)."""
     digest = hashlib.sha256()
     for _ in range(size // COPY_CHUNK):
         digest.update(_ZEROS)
