@@ -13,7 +13,7 @@ import pytest
 from flyte_checkpoint.tree_removal import remove_tree
 from flyte_checkpoint.workspace import WORKSPACE_PREFIX, Workspace, sweep_abandoned_workspaces
 
-DEEPER_THAN_THE_RECURSION_LIMIT = 2_500  # also deeper than PATH_MAX (4096) as a path: "d/" x 2,500
+DEEPER_THAN_THE_RECURSION_LIMIT = 1_200  # the default limit is 1,000 frames
 
 
 @pytest.fixture(autouse=True)

@@ -56,19 +56,17 @@ def compression_threads(threads: int | None = None) -> int:
 
     Raises :class:`ConfigurationError` for a value that is not a whole number from 1 to 1024.
     """
-    source = "compression threads"
+    source, given = "compression threads", repr(threads)
     if threads is None:
         raw = os.environ.get(THREADS_ENV, "").strip()
         if not raw:
             return _usable_cores()
-        source = f"{THREADS_ENV}={raw!r}"
-        try:
+        source, given = THREADS_ENV, repr(raw)  # the text as set, not what it failed to parse to
+        with contextlib.suppress(ValueError):
             threads = int(raw)
-        except ValueError:
-            threads = 0
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= _MAX_THREADS:
         raise ConfigurationError(
-            f"{source} must be a whole number from 1 to {_MAX_THREADS}, got {threads!r}; "
+            f"{source} must be a whole number from 1 to {_MAX_THREADS}, got {given}; "
             f"fix it, or unset {THREADS_ENV} to use every core this process may run on"
         )
     return threads

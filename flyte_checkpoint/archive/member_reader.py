@@ -125,6 +125,11 @@ class IndexedReader(io.RawIOBase):
             if self._index_offset is None:
                 self._index_offset = start
             self._listed.extend(members.decode_index(member, start))
+            if len(self._listed) > len(self._seen):
+                raise ArchiveIndexError(
+                    f"damaged archive: its index lists {len(self._listed)} data members by byte "
+                    f"{self._offset}, but it holds {len(self._seen)}"
+                )
         else:
             self._tail(member, start)
             self._pending.append(bytes(members.TAIL_CONTENT))
@@ -132,7 +137,19 @@ class IndexedReader(io.RawIOBase):
     def _data(self, rest: bytes, start: int, frame: members.Frame) -> None:
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
-        self._seen.append((frame.length, members.declared_size(rest)))
+        declared = members.declared_size(rest)
+        # The writer cuts whole blocks and only the last may be short (never empty), so the
+        # members, and what is kept per member, are bounded by the content the limits count.
+        if declared == 0:
+            raise ArchiveIndexError(f"damaged archive: the data member at byte {start} declares no content")
+        if self._seen and self._seen[-1][1] != members.BLOCK:
+            if self._pending and isinstance(previous := self._pending[-1], Future):
+                previous.result()  # a short member that does not even decode: that says more
+            raise ArchiveIndexError(
+                f"damaged archive: the data member at byte {start} follows one of {self._seen[-1][1]} "
+                f"bytes; only the last may be shorter than {members.BLOCK}"
+            )
+        self._seen.append((frame.length, declared))
         if self._pool is None or members.is_stored(rest, frame):
             self._pending.append(members.decode_data(rest, start, frame))
         else:

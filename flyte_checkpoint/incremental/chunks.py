@@ -143,7 +143,10 @@ class ChunkStore:
                 refs.append(ChunkRef(sha256=hashlib.sha256(piece).hexdigest(), size=len(piece)))
                 if read is not None:
                     read.offer(refs[-1].sha256, piece)
-            if os.fstat(source.fileno()).st_mtime_ns != status.st_mtime_ns:
+            # Another file renamed over it keeps its name and may keep its mtime (cp -p): the
+            # file read must be the one walked, at the size listed, and unchanged since.
+            read_bytes = sum(ref.size for ref in refs)
+            if self._version(os.fstat(source.fileno())) != version or read_bytes != status.st_size:
                 raise _changed(path)
         found = tuple(refs)
         with self._lock:
@@ -195,7 +198,9 @@ class ChunkStore:
                 "earlier checkpoint or delete this one to start fresh"
             )
         with reader:
-            piece = reader.readall()  # to its end: the stored digest is checked too
+            # An object of another size is damaged whatever it holds: refused before it is read
+            # into memory (a chunk of 16 MiB could have been replaced by gigabytes).
+            piece = reader.readall() if reader.info.size == ref.size else b""
         if len(piece) != ref.size or hashlib.sha256(piece).hexdigest() != ref.sha256:
             raise CheckpointChunkError(
                 f"chunk {uri} of {needed_by!r} is damaged: its content does not match the SHA-256 "

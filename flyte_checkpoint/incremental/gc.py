@@ -125,7 +125,9 @@ def _listed_by_marker(backend: Backend, uri: str) -> set[str]:
     try:
         listed = json.loads(data)
     except ValueError:
+        listed = None
+    if not isinstance(listed, list):  # valid JSON of another shape (null, 5) is damage too
         raise CheckpointCorruptError(
             f"pending-save marker {uri} is damaged; delete it, then collect garbage again"
-        ) from None
+        )
     return {digest for digest in listed if isinstance(digest, str)}

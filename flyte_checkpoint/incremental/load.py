@@ -4,12 +4,15 @@ The manifest is not trusted more than an archive is: the same rules apply (PEP 7
 filter, as :mod:`flyte_checkpoint.archive` applies them): no absolute path, no ``..``, no entry
 twice, no file written through a link (links are made last, then each is followed to check it
 stays inside the tree), permission bits without setuid/setgid/sticky or group/other write; and
-the extraction limits on entries and bytes. Each file is written under a temporary name in its
-own directory and renamed into place once all its chunks were fetched and checked.
+the extraction limits on entries and bytes. Each file is written under its own name (created,
+never opened through a link or over an existing entry); a restore that fails leaves the
+workspace to the caller to reset, as an archive's extraction does.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from pathlib import Path
 from typing import IO
@@ -24,6 +27,8 @@ from flyte_checkpoint.storage import COPY_CHUNK, Backend
 from flyte_checkpoint.storage.errors import translated_os_errors
 
 _WHERE = "the workspace"
+_ZEROS = bytes(COPY_CHUNK)
+_ZEROS_UP_TO = 64 << 20
 
 
 def read_manifest(stream: IO[bytes], uri: str) -> Manifest:
@@ -122,12 +127,27 @@ def _place(root: str, name: str) -> str:
 def _write_file(backend: Backend, store: ChunkStore, root: str, entry: FileEntry) -> None:
     if sum(chunk.size for chunk in entry.chunks) != entry.size:
         raise UnsafeArchiveError(f"{entry.path!r} is listed with chunks that do not add up to its size")
-    final = f"{root}/{entry.path}"
-    directory, _, name = final.rpartition("/")
-    partial = f"{directory}/.{name}.fc-partial"
+    # Under its own name: a temporary name beside it could be another listed file's (a tree
+    # may hold both "f" and ".f.partial"); a failed restore leaves the workspace to be reset.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with open(os.open(partial, flags, 0o600), "wb") as out:
+    with open(os.open(f"{root}/{entry.path}", flags, 0o600), "wb") as out:
         for chunk in entry.chunks:
-            out.write(store.fetch(backend, chunk, needed_by=entry.path))
+            if chunk.size == store.chunk_size <= _ZEROS_UP_TO and chunk.sha256 == _zeros_digest(chunk.size):
+                out.seek(chunk.size, os.SEEK_CUR)  # known without fetching; left a hole, as saved
+            else:
+                out.write(store.fetch(backend, chunk, needed_by=entry.path))
+        out.truncate()  # the length of a file that ends in a hole
         os.fchmod(out.fileno(), safe_file_mode(entry.mode))
-    os.replace(partial, final)
+
+
+@functools.lru_cache(maxsize=4)
+def _zeros_digest(size: int) -> str:
+    """The SHA-256 of ``size`` zero bytes: a whole chunk that holds only zeros (of a sparse or
+    preallocated file) needs no fetch, and is restored as a hole rather than written. Only for
+    whole chunks of at most :data:`_ZEROS_UP_TO` bytes: one digest per chunk size, computed once
+    (a digest per size of each file's last chunk would hash the tree's size in zeros again)."""
+    digest = hashlib.sha256()
+    for _ in range(size // COPY_CHUNK):
+        digest.update(_ZEROS)
+    digest.update(_ZEROS[: size % COPY_CHUNK])
+    return digest.hexdigest()

@@ -91,6 +91,14 @@ def check_local_options(options: StorageOptions, transfer: TransferSettings | No
     split_transfer(options, transfer, "local disk")
 
 
+def _not_transfer_settings(given: object) -> str:
+    if isinstance(given, Mapping):
+        spelled = ", ".join(f"{key}={value!r}" for key, value in given.items())
+        name = type(given).__name__
+        return f"transfer= takes TransferSettings, not a {name}: write transfer=TransferSettings({spelled})"
+    return f"transfer= takes TransferSettings(...), not {given!r}"
+
+
 def backend_for(
     uri: str, storage_options: StorageOptions | None = None, *, transfer: TransferSettings | None = None
 ) -> Backend:
@@ -100,6 +108,8 @@ def backend_for(
     they are read from ``storage_options``, as before.
     """
     check_supported(uri)
+    if transfer is not None and not isinstance(transfer, TransferSettings):
+        raise ConfigurationError(_not_transfer_settings(transfer))
     if is_local(uri):
         check_local_options(storage_options or {}, transfer)
         return _LOCAL[local_fsync(storage_options, transfer)]
