@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from flyte_checkpoint.single.workspace import WORKSPACE_PREFIX, Workspace, sweep_abandoned_workspaces
 from flyte_checkpoint.tree_removal import remove_tree
-from flyte_checkpoint.workspace import WORKSPACE_PREFIX, Workspace, sweep_abandoned_workspaces
 
 DEEPER_THAN_THE_RECURSION_LIMIT = 2_500  # also deeper than PATH_MAX (4096) as a path: "d/" x 2,500
 
