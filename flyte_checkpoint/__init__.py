@@ -5,14 +5,7 @@ in ``async def`` tasks, ``load_sync()``/``save_sync()`` in ``def`` tasks.
 """
 
 from flyte_checkpoint.archive import ExtractionLimits
-from flyte_checkpoint.checkpoint import (
-    CHECKPOINT_CACHE_KEY,
-    BaseCheckpoint,
-    Checkpoint,
-    SaveData,
-)
 from flyte_checkpoint.context import CheckpointPaths, TaskContext, ctx, current_checkpoint, task_context
-from flyte_checkpoint.earlier_attempts import RestoredFrom
 from flyte_checkpoint.errors import (
     ArchiveIndexError,
     ArchiveLimitError,
@@ -48,11 +41,18 @@ from flyte_checkpoint.runners import (
     run_with_retries,
     run_with_retries_async,
 )
-from flyte_checkpoint.saving import SaveTimes
+from flyte_checkpoint.single.checkpoint import (
+    CHECKPOINT_CACHE_KEY,
+    BaseCheckpoint,
+    Checkpoint,
+    SaveData,
+)
+from flyte_checkpoint.single.earlier_attempts import RestoredFrom
+from flyte_checkpoint.single.saving import SaveTimes
+from flyte_checkpoint.single.transfer import PAYLOAD_BASENAME
 from flyte_checkpoint.storage import StorageOptions
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
-from flyte_checkpoint.transfer import PAYLOAD_BASENAME
 from flyte_checkpoint.uris import repair_prev_checkpoint_uri
 
 __version__ = "0.1.0"

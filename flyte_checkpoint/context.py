@@ -15,7 +15,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint import running
-from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY, Checkpoint
 from flyte_checkpoint.environment import (
     ATTEMPT_NUMBER_ENV,
     LOCAL_RANK_ENV,
@@ -28,6 +27,7 @@ from flyte_checkpoint.environment import (
     attempt_number_from_env,
 )
 from flyte_checkpoint.errors import ConfigurationError, NoTaskCheckpointError
+from flyte_checkpoint.single.checkpoint import CHECKPOINT_CACHE_KEY, Checkpoint
 from flyte_checkpoint.storage.options import TransferSettings
 
 __all__ = [

@@ -12,8 +12,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
-import flyte_checkpoint.checkpoint
 import flyte_checkpoint.context
+import flyte_checkpoint.single.checkpoint
 from flyte_checkpoint import (
     CHECKPOINT_CACHE_KEY,
     Checkpoint,
@@ -92,7 +92,7 @@ def test_racing_first_accesses_agree_on_one_helper(tmp_path: Path) -> None:
 
 def test_the_checkpoint_helper_finds_the_running_task_without_importing_the_context_module() -> None:
     """The context builds the helper; the helper reads the running attempt from the layer below."""
-    tree = ast.parse(Path(flyte_checkpoint.checkpoint.__file__).read_text(encoding="utf-8"))
+    tree = ast.parse(Path(flyte_checkpoint.single.checkpoint.__file__).read_text(encoding="utf-8"))
     imported = {
         node.module if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(tree)

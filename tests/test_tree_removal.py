@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from flyte_checkpoint.single.workspace import WORKSPACE_PREFIX, Workspace, sweep_abandoned_workspaces
 from flyte_checkpoint.tree_removal import remove_tree
-from flyte_checkpoint.workspace import WORKSPACE_PREFIX, Workspace, sweep_abandoned_workspaces
 
 DEEPER_THAN_THE_RECURSION_LIMIT = 1_200  # the default limit is 1,000 frames
 

@@ -192,7 +192,7 @@ def test_a_remote_checkpoint_uri_with_a_trailing_slash_is_refused_naming_the_fix
 
 
 def test_inspecting_a_remote_uri_with_a_trailing_slash_is_refused() -> None:
-    from flyte_checkpoint.inspection import inspect_object
+    from flyte_checkpoint.single.inspection import inspect_object
 
     with pytest.raises(UnsupportedURIError, match="ends in '/'"):
         inspect_object("s3://bucket/run/ckpt/")
@@ -206,7 +206,7 @@ def test_an_azure_uri_naming_its_account_keeps_the_container_as_its_bucket() -> 
 
 @pytest.mark.parametrize("value", ["", "   "])
 def test_an_empty_uri_is_refused_rather_than_read_as_the_current_directory(value: str) -> None:
-    from flyte_checkpoint.inspection import inspect_object
+    from flyte_checkpoint.single.inspection import inspect_object
     from flyte_checkpoint.storage import backend_for
 
     with pytest.raises(UnsupportedURIError, match="the storage URI is empty"):

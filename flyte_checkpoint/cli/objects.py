@@ -25,12 +25,12 @@ from flyte_checkpoint.errors import (
 from flyte_checkpoint.progress import human_size
 
 if TYPE_CHECKING:
-    from flyte_checkpoint.inspection import ObjectReport
+    from flyte_checkpoint.single.inspection import ObjectReport
     from flyte_checkpoint.storage.options import TransferSettings
 
 
 def inspect_command(args: argparse.Namespace) -> int:
-    from flyte_checkpoint.inspection import inspect_object
+    from flyte_checkpoint.single.inspection import inspect_object
 
     with _one_object(args), progress_bar("reading", args.quiet or args.json) as progress:
         report = inspect_object(
@@ -99,7 +99,7 @@ def _describe_kind(kind: str) -> str:
 
 
 def verify_command(args: argparse.Namespace) -> int:
-    from flyte_checkpoint.inspection import inspect_object
+    from flyte_checkpoint.single.inspection import inspect_object
 
     with _one_object(args), progress_bar("verifying", args.quiet or args.json) as progress:
         report = inspect_object(
@@ -131,7 +131,7 @@ def _verdict(report: ObjectReport) -> str:
 
 
 def get_command(args: argparse.Namespace) -> int:
-    from flyte_checkpoint.inspection import restore_to
+    from flyte_checkpoint.single.inspection import restore_to
 
     if not args.directory.strip():
         raise InvalidCheckpointInputError(
@@ -154,7 +154,7 @@ def get_command(args: argparse.Namespace) -> int:
 
 
 def put_command(args: argparse.Namespace) -> int:
-    from flyte_checkpoint.checkpoint import Checkpoint
+    from flyte_checkpoint.single.checkpoint import Checkpoint
 
     options: dict[str, Any] = {
         "storage_options": storage_options_of(args),

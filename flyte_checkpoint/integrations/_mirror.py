@@ -6,7 +6,7 @@ import logging
 import os
 from pathlib import Path
 
-from flyte_checkpoint.checkpoint import BaseCheckpoint, Checkpoint
+from flyte_checkpoint.single.checkpoint import BaseCheckpoint, Checkpoint
 
 logger = logging.getLogger("flyte_checkpoint")
 

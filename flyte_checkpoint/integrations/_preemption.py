@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
-from flyte_checkpoint.checkpoint import BaseCheckpoint, Checkpoint
 from flyte_checkpoint.errors import CheckpointError, ConfigurationError, Preempted
 from flyte_checkpoint.preemption import notice
+from flyte_checkpoint.single.checkpoint import BaseCheckpoint, Checkpoint
 
 logger = logging.getLogger("flyte_checkpoint")
 

@@ -90,7 +90,6 @@ import flyte.errors
 import flyte.extend
 import flyte.models
 
-from flyte_checkpoint.checkpoint import Checkpoint
 from flyte_checkpoint.context import (
     CheckpointPaths,
     TaskContext,
@@ -102,6 +101,7 @@ from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.preemption.notice import check_grace_seconds
 from flyte_checkpoint.runners.attempt import ended_on_preemption
+from flyte_checkpoint.single.checkpoint import Checkpoint
 
 __all__ = [
     "SUPPORTED_FLYTE_VERSIONS",

@@ -38,7 +38,6 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
 from flyte_checkpoint.integrations._mirror import DirectoryMirror
 from flyte_checkpoint.integrations._preemption import (
@@ -50,6 +49,7 @@ from flyte_checkpoint.integrations._preemption import (
 from flyte_checkpoint.integrations._restore import replace_contents, restore_directory
 from flyte_checkpoint.newest_file import latest_checkpoint
 from flyte_checkpoint.preemption import handler, notice, ranks
+from flyte_checkpoint.single.checkpoint import BaseCheckpoint
 
 __all__ = ["MirroredModelCheckpoint", "restore_last_checkpoint"]
 

@@ -34,7 +34,6 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
-from flyte_checkpoint.checkpoint import BaseCheckpoint
 from flyte_checkpoint.errors import InvalidCheckpointInputError
 from flyte_checkpoint.integrations._mirror import DirectoryMirror
 from flyte_checkpoint.integrations._preemption import (
@@ -45,6 +44,7 @@ from flyte_checkpoint.integrations._preemption import (
 )
 from flyte_checkpoint.integrations._restore import replace_contents, restore_directory
 from flyte_checkpoint.preemption import notice, ranks
+from flyte_checkpoint.single.checkpoint import BaseCheckpoint
 
 __all__ = ["MirrorOutputDirCallback", "restore_last_checkpoint"]
 

@@ -15,11 +15,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from flyte_checkpoint.checkpoint import CHECKPOINT_CACHE_KEY, Checkpoint
 from flyte_checkpoint.context import CheckpointPaths, TaskContext, attempt_number_from_env, task_context
 from flyte_checkpoint.errors import ConfigurationError, Preempted, add_context
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import ending_delivered_to, install_preemption_handler
+from flyte_checkpoint.single.checkpoint import CHECKPOINT_CACHE_KEY, Checkpoint
 from flyte_checkpoint.storage.options import TransferSettings
 
 logger = logging.getLogger("flyte_checkpoint")

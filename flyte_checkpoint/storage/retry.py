@@ -15,7 +15,7 @@ The retry budget, and where it lives. Retries happen at exactly two layers, each
    (:func:`~.parallel.retries.mark_retried_by_client`), so ``part_attempts`` covers only a response
    body that broke off mid-way (neither client retries a body once it is streaming). GCS part
    and range requests bypass gcsfs's loop, so ``part_attempts`` is their only per-request layer.
-2. **One transfer**, in :mod:`flyte_checkpoint.transfer`: :class:`RetryPolicy` around a whole
+2. **One transfer**, in :mod:`flyte_checkpoint.single.transfer`: :class:`RetryPolicy` around a whole
    save or load, the only layer that can start a stream over (an upload cannot be resumed, a
    load whose object was replaced must be read again from its start).
 

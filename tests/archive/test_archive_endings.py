@@ -15,7 +15,7 @@ import pytest
 
 from flyte_checkpoint import ArchiveLimitError, Checkpoint, CheckpointCorruptError
 from flyte_checkpoint.archive.limits import MAX_EXPANSION_RATIO_ENV
-from flyte_checkpoint.inspection import inspect_object
+from flyte_checkpoint.single.inspection import inspect_object
 from tests.archive import hostile
 from tests.archive.hostile import BLOCK, Site, file
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointCorruptError, CheckpointError
-from flyte_checkpoint.inspection import restore_to
+from flyte_checkpoint.single.inspection import restore_to
 from tests.conftest import damage_in_place, tree_of
 
 

@@ -40,7 +40,7 @@ from flyte_checkpoint import (
 )
 from flyte_checkpoint.storage.stores.local import temp_files_for
 from tests.conftest import tree_of
-from tests.saving.faults import fail_to_open
+from tests.single.saving.faults import fail_to_open
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OLD_CHECKPOINT = b"the previous, good checkpoint\n" * 1000

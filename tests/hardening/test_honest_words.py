@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import Checkpoint
-from flyte_checkpoint.inspection import inspect_object
+from flyte_checkpoint.single.inspection import inspect_object
 from tests.storage_servers import StorageServer, create_bucket
 
 MiB = 1 << 20

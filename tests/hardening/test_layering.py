@@ -25,9 +25,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "uris archive",
         "storage",
         "incremental",
-        "preemption transfer workspace",
-        "earlier_attempts saving inspection",
-        "checkpoint",
+        "preemption",
+        "single",
         "context",
         "runners state",
         "distributed",
@@ -172,7 +171,7 @@ def test_only_the_listed_modules_import_the_package_inside_functions() -> None:
 
 
 def test_the_checkpoint_helper_and_the_layers_below_it_never_import_the_task_context() -> None:
-    below = [module for module in modules() if layer_of(part_of(module)) <= layer_of("checkpoint")]
+    below = [module for module in modules() if layer_of(part_of(module)) <= layer_of("single")]
     assert below
     reaching = sorted(
         module for module in below for target, _ in imports_of(module) if target == f"{ROOT}.context"

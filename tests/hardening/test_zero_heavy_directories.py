@@ -18,7 +18,7 @@ from flyte_checkpoint import (
     run_with_retries,
 )
 from flyte_checkpoint.archive.limits import MAX_EXPANSION_RATIO_ENV, ExtractionLimits
-from flyte_checkpoint.inspection import inspect_object
+from flyte_checkpoint.single.inspection import inspect_object
 from tests.storage_servers import StorageServer, create_bucket
 
 MiB = 1 << 20

@@ -15,8 +15,8 @@ import pytest
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.errors import CheckpointChunkError, CheckpointCorruptError
 from flyte_checkpoint.incremental.manifest import ChunkRef, DirectoryEntry, FileEntry, Manifest
+from flyte_checkpoint.single.workspace import WORKSPACE_PREFIX
 from flyte_checkpoint.tree_removal import remove_tree
-from flyte_checkpoint.workspace import WORKSPACE_PREFIX
 from tests.conftest import tree_of
 
 DEEPER_THAN_THE_RECURSION_LIMIT = 1200

@@ -24,8 +24,8 @@ from flyte_checkpoint.incremental import (
 )
 from flyte_checkpoint.incremental.layout import PENDING
 from flyte_checkpoint.incremental.manifest import DirectoryEntry, LinkEntry
+from flyte_checkpoint.single.transfer import load_object
 from flyte_checkpoint.storage import Backend, backend_for
-from flyte_checkpoint.transfer import load_object
 from tests.conftest import tree_of
 from tests.stores import Store
 

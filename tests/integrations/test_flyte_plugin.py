@@ -49,7 +49,7 @@ from tests.integrations.flyte_tasks import (
 )
 from tests.storage.conftest import remote_for
 
-OURS = "flyte_checkpoint.checkpoint.Checkpoint"
+OURS = "flyte_checkpoint.single.checkpoint.Checkpoint"
 
 
 # The object-store protocols the SDK hands to obstore in fsspec's registry when it loads its storage.

@@ -14,7 +14,7 @@ import pytest
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.errors import Preempted, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
-from tests.saving.faults import failing_uploads, stall_uploads
+from tests.single.saving.faults import failing_uploads, stall_uploads
 from tests.storage_servers import StorageServer, create_bucket
 
 MiB = 1 << 20

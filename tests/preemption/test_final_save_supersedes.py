@@ -13,7 +13,7 @@ import pytest
 from flyte_checkpoint import Checkpoint
 from flyte_checkpoint.errors import PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
-from flyte_checkpoint.saving.order import CommitOrder, SupersededError
+from flyte_checkpoint.single.saving.order import CommitOrder, SupersededError
 from flyte_checkpoint.storage.stores.local import temp_files_for
 from tests.preemption.test_checkpoint_after_a_notice import slow_directory
 from tests.storage_servers import StorageServer, create_bucket

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import Checkpoint, InputChangedError
-from flyte_checkpoint.saving import snapshot
+from flyte_checkpoint.single.saving import snapshot
 from tests.preemption.test_final_save_supersedes import HeldUpload
 
 MiB = 1024 * 1024

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from fsspec.asyn import sync
 
-from flyte_checkpoint import transfer
 from flyte_checkpoint.errors import (
     CheckpointPermissionError,
     CheckpointTimeoutError,
@@ -30,6 +29,7 @@ from flyte_checkpoint.errors import (
     describe_error,
 )
 from flyte_checkpoint.progress import ProgressReporter
+from flyte_checkpoint.single import transfer
 from flyte_checkpoint.storage.base import DIGEST_KEY, FORMAT_KEY, ObjectInfo, VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.options import TransferSettings

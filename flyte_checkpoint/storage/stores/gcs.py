@@ -24,7 +24,8 @@ of listings. They are deleted when the save completes and when it fails; those a
 left behind are deleted by the next large save to the same destination once older than
 ``stale_upload_age`` (:meth:`GCSObject.sweep_stale`), an age read on the store's clock, and
 those at an earlier attempt's checkpoint when the next attempt starts
-(:meth:`GCSObject.discard_unfinished`, see :func:`flyte_checkpoint.earlier_attempts.discard_earlier_uploads`).
+(:meth:`GCSObject.discard_unfinished`, see
+:func:`flyte_checkpoint.single.earlier_attempts.discard_earlier_uploads`).
 Starting an upload sends no request, so unlike S3 no upload can exist whose id did not come back.
 
 Loads. The object's metadata first (size, generation, our metadata), then ranged media GETs

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from flyte_checkpoint import Checkpoint
-from flyte_checkpoint.workspace import WORKSPACE_PREFIX
+from flyte_checkpoint.single.workspace import WORKSPACE_PREFIX
 from tests.faults.crash.harness import (
     PRELOAD,
     SPREAD,

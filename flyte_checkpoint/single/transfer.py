@@ -3,7 +3,7 @@
 Encoding (bytes, a file, or a directory packed as one streamed ``.tar.gz``) into an atomic
 :class:`~flyte_checkpoint.storage.ObjectWriter`, decoding (classify the object, unpack an archive
 or write a payload), the empty-object rule and the retries all live here, once.
-:class:`~flyte_checkpoint.Checkpoint`, :mod:`flyte_checkpoint.inspection` (and so the command
+:class:`~flyte_checkpoint.Checkpoint`, :mod:`flyte_checkpoint.single.inspection` (and so the command
 line) and :mod:`flyte_checkpoint.state` use these functions, so how bytes move (a parallel
 transport, say) changes in :mod:`flyte_checkpoint.storage` only.
 

@@ -21,7 +21,7 @@ from flyte_checkpoint import (
     TaskContext,
     repair_prev_checkpoint_uri,
 )
-from flyte_checkpoint.earlier_attempts import MAX_WALK_BACK, discard_earlier_uploads
+from flyte_checkpoint.single.earlier_attempts import MAX_WALK_BACK, discard_earlier_uploads
 from flyte_checkpoint.storage import backend_for
 from flyte_checkpoint.uris import AttemptURI, attempt_uris, flyte_shard
 from tests.faults.proxy import FaultProxy, status

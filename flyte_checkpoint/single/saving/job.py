@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.saving.snapshot import Snapshot
+from flyte_checkpoint.single.saving.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class SaveJob:
 
     ``snapshot`` holds what is uploaded (the caller's bytes or path for a blocking save, a
     private copy for a background one); ``ticket`` is the save's place in its helper's call
-    order (:class:`~flyte_checkpoint.saving.order.CommitOrder`), taken when the save is asked
+    order (:class:`~flyte_checkpoint.single.saving.order.CommitOrder`), taken when the save is asked
     for, before anything waits.
     """
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 from flyte_checkpoint.errors import InputChangedError, PreemptionDeadlineError
 from flyte_checkpoint.preemption import notice
-from flyte_checkpoint.saving.job import SaveJob
+from flyte_checkpoint.single.saving.job import SaveJob
 from flyte_checkpoint.storage.base import WriteGate
 from flyte_checkpoint.timebounds import Deadline
 

@@ -63,7 +63,7 @@ class Snapshot:
     """A frozen view of what a save will upload: bytes, or a path private to this save.
 
     It owns that private path (removed by :meth:`discard`); what the save does with it (its
-    progress, its place in the commit order) is the :class:`~flyte_checkpoint.saving.job.SaveJob`'s.
+    progress, its place in the commit order) is the :class:`~flyte_checkpoint.single.saving.job.SaveJob`'s.
     """
 
     data: bytes | Path

@@ -33,9 +33,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from flyte_checkpoint.errors import CheckpointCorruptError, add_context
+from flyte_checkpoint.single.transfer import holds_checkpoint
 from flyte_checkpoint.storage import Backend
 from flyte_checkpoint.storage.retry import RetryPolicy
-from flyte_checkpoint.transfer import holds_checkpoint
 from flyte_checkpoint.uris import AttemptURI, attempt_uris
 
 logger = logging.getLogger("flyte_checkpoint")

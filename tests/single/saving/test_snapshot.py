@@ -25,9 +25,9 @@ from flyte_checkpoint import (
 )
 from flyte_checkpoint.lockfiles import SNAPSHOT_PREFIX
 from tests.conftest import tree_of
-from tests.saving.faults import before_packing, fail_to_open, restore, stalled_checkpoint
+from tests.single.saving.faults import before_packing, fail_to_open, restore, stalled_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def snapshots_in(directory: Path) -> list[str]:

@@ -20,12 +20,6 @@ from types import TracebackType
 
 from flyte_checkpoint import archive, running
 from flyte_checkpoint.archive import ExtractionLimits
-from flyte_checkpoint.earlier_attempts import (
-    MAX_WALK_BACK,
-    RestoredFrom,
-    discard_earlier_uploads,
-    restore_newest,
-)
 from flyte_checkpoint.environment import attempt_number_from_env
 from flyte_checkpoint.errors import (
     CheckpointNotFoundError,
@@ -44,7 +38,15 @@ from flyte_checkpoint.incremental import (
 )
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.saving import Destination, SaveScheduler, SaveTimes
+from flyte_checkpoint.single.earlier_attempts import (
+    MAX_WALK_BACK,
+    RestoredFrom,
+    discard_earlier_uploads,
+    restore_newest,
+)
+from flyte_checkpoint.single.saving import Destination, SaveScheduler, SaveTimes
+from flyte_checkpoint.single.transfer import load_object
+from flyte_checkpoint.single.workspace import Workspace
 from flyte_checkpoint.storage import (
     Backend,
     StorageOptions,
@@ -53,7 +55,6 @@ from flyte_checkpoint.storage import (
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
-from flyte_checkpoint.transfer import load_object
 from flyte_checkpoint.uris import (
     attempt_uris,
     check_object_uri,
@@ -63,7 +64,6 @@ from flyte_checkpoint.uris import (
     repair_prev_checkpoint_uri,
     scheme_of,
 )
-from flyte_checkpoint.workspace import Workspace
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -336,7 +336,7 @@ class Checkpoint(BaseCheckpoint):
         When the previous checkpoint is absent or empty and its URI lies under a
         per-attempt directory (``…/{run_name}/{action_name}/{n}/…``, names known), the load
         walks back: it restores the newest of up to 16 earlier attempts that saved
-        (:mod:`flyte_checkpoint.earlier_attempts`), skipping damaged ones with a WARNING, and
+        (:mod:`flyte_checkpoint.single.earlier_attempts`), skipping damaged ones with a WARNING, and
         :attr:`restored_from` says which; local paths and ``file://`` URIs in that layout walk
         back too. An attempt after the first that finds nothing says so at WARNING.
 
@@ -382,8 +382,8 @@ class Checkpoint(BaseCheckpoint):
 
     def _discard_earlier_uploads(self) -> None:
         """Abort, in the background, what killed saves of earlier attempts left unfinished on
-        the store (:func:`~flyte_checkpoint.earlier_attempts.discard_earlier_uploads`): once per helper,
-        at its first load or save, which is where an attempt starts."""
+        the store (:func:`~flyte_checkpoint.single.earlier_attempts.discard_earlier_uploads`):
+        once per helper, at its first load or save, which is where an attempt starts."""
         if self._earlier_uploads_discarded:
             return
         self._earlier_uploads_discarded = True

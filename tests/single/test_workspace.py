@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from flyte_checkpoint.workspace import Workspace, sweep_abandoned_workspaces
+from flyte_checkpoint.single.workspace import Workspace, sweep_abandoned_workspaces
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from flyte_checkpoint import (
     UnsupportedTypeError,
     UnsupportedURIError,
 )
-from flyte_checkpoint.workspace import sweep_abandoned_workspaces
+from flyte_checkpoint.single.workspace import sweep_abandoned_workspaces
 from tests.conftest import tree_of
 
 

@@ -4,7 +4,7 @@ within the time a preemption notice leaves.
 The one owner of a helper's :class:`~.background.BackgroundSaver`, its
 :class:`~.order.CommitOrder` and its :class:`~.budget.SaveDurations`. Every save goes through
 :meth:`SaveScheduler.save` as a :class:`~.job.SaveJob` built once, and reaches the store
-through :func:`flyte_checkpoint.transfer.save` alone.
+through :func:`flyte_checkpoint.single.transfer.save` alone.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from flyte_checkpoint.errors import PreemptionDeadlineError
 from flyte_checkpoint.incremental import ChunkStore
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.progress import ProgressCallback
-from flyte_checkpoint.saving.background import BackgroundSaver
-from flyte_checkpoint.saving.budget import SaveDurations
-from flyte_checkpoint.saving.job import SaveJob, SaveTimes
-from flyte_checkpoint.saving.order import CommitOrder, OrderedGate
-from flyte_checkpoint.saving.snapshot import Snapshot, take_snapshot
+from flyte_checkpoint.single.saving.background import BackgroundSaver
+from flyte_checkpoint.single.saving.budget import SaveDurations
+from flyte_checkpoint.single.saving.job import SaveJob, SaveTimes
+from flyte_checkpoint.single.saving.order import CommitOrder, OrderedGate
+from flyte_checkpoint.single.saving.snapshot import Snapshot, take_snapshot
+from flyte_checkpoint.single.transfer import SaveRequest, save
 from flyte_checkpoint.storage import Backend
 from flyte_checkpoint.storage.base import WriteGate
 from flyte_checkpoint.storage.deadline import finish_by
 from flyte_checkpoint.storage.retry import RetryPolicy
-from flyte_checkpoint.transfer import SaveRequest, save
 
 logger = logging.getLogger("flyte_checkpoint")
 

@@ -21,12 +21,18 @@ from flyte_checkpoint.errors import (
     add_context,
 )
 from flyte_checkpoint.progress import ProgressCallback
+from flyte_checkpoint.single.transfer import (
+    DEFAULT_RETRY,
+    classify,
+    holds_checkpoint,
+    load_object,
+    read_object,
+)
 from flyte_checkpoint.storage import COPY_CHUNK, ObjectInfo, StorageOptions, VerifyingReader, backend_for
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.storage.retry import RetryPolicy
 from flyte_checkpoint.storage.stores.local import make_directories
-from flyte_checkpoint.transfer import DEFAULT_RETRY, classify, holds_checkpoint, load_object, read_object
 from flyte_checkpoint.tree_removal import remove_tree
 from flyte_checkpoint.uris import check_object_uri
 

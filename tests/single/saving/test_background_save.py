@@ -13,13 +13,13 @@ import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointStorageError, InputChangedError, ctx, run_with_retries
 from flyte_checkpoint import archive as archive_module
-from flyte_checkpoint.saving.background import BackgroundSaver
-from flyte_checkpoint.saving.job import SaveJob
-from flyte_checkpoint.saving.snapshot import Snapshot
+from flyte_checkpoint.single.saving.background import BackgroundSaver
+from flyte_checkpoint.single.saving.job import SaveJob
+from flyte_checkpoint.single.saving.snapshot import Snapshot
 from flyte_checkpoint.storage import backend_for
 from flyte_checkpoint.storage.base import WriteGate
 from tests.conftest import tree_of
-from tests.saving.faults import failing_uploads, restore, stall_uploads, stalled_checkpoint
+from tests.single.saving.faults import failing_uploads, restore, stall_uploads, stalled_checkpoint
 
 
 def test_a_background_save_returns_before_the_upload_and_lands_after_wait(
