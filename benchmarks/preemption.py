@@ -87,9 +87,6 @@ from benchmarks.lib.report import add_json_out, log, write_json_out
 from benchmarks.lib.supervisor import Supervisor
 from benchmarks.lib.targets import Check, print_targets
 
-# Main
-# ---------------------------------------------------------------------------------------------
-
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)

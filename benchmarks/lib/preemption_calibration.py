@@ -166,6 +166,3 @@ def cold_start_s() -> float:
     started = time.monotonic()
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=str(HERE))
     return time.monotonic() - started
-
-
-# ---------------------------------------------------------------------------------------------

@@ -182,9 +182,6 @@ class ConfigResult:
         }
 
 
-# ---------------------------------------------------------------------------------------------
-
-
 def committed_step(peek: Peek) -> int:
     """The step a stored checkpoint holds, -1 for none or an unreadable one."""
     return peek.step if peek.status == "ok" and peek.step is not None else -1
