@@ -43,7 +43,7 @@ class _Saver:
     def collect(self, now: datetime.datetime | None = None) -> gc.CollectedGarbage:
         return collect_garbage(self.backend, self.chunks, [self.uri], now=now)
 
-    def loaded(self) -> dict[str, bytes]:
+    def loaded(self) -> dict[str, bytes | None]:
         workspace = self.tmp_path / "restored"
         workspace.mkdir(exist_ok=True)
         for path in workspace.iterdir():
