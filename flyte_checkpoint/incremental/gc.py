@@ -103,7 +103,9 @@ def collect_garbage(
     doomed = [
         info
         for info in fresh
-        if info is not None and info.modified is not None and info.modified == record.chunks[_digest(info)]
+        if info is not None
+        and info.modified is not None
+        and info.modified == record.chunks.get(_digest(info))
     ]
     parallel(lambda info: backend.delete(info.uri), doomed, store.workers)
     gone = {_digest(info) for info in doomed}
