@@ -5,7 +5,8 @@ The steps, in this order (garbage collection relies on it, see :mod:`.gc`):
 1. walk the tree (refusing what a directory archive refuses) and hash every file that changed
    since this helper last hashed it;
 2. write a pending marker listing every chunk the manifest will reference;
-3. ask the store which of them it lacks (in parallel) and upload those (in parallel): from
+3. read the store's condemned record (:mod:`.condemned`), ask the store which chunks it lacks
+   (in parallel) and upload those and the condemned ones (in parallel): from
    the bytes step 1 hashed while they fit :attr:`ChunkStore.kept_for_upload`, else read again
    and checked against the hash, so a file rewritten meanwhile fails the save;
 4. commit the manifest at the checkpoint's location with the store's atomic write: until then
@@ -30,6 +31,7 @@ from flyte_checkpoint.incremental.chunks import (
     parallel,
     put_object,
 )
+from flyte_checkpoint.incremental.condemned import read_condemned
 from flyte_checkpoint.incremental.layout import PENDING, relative_store
 from flyte_checkpoint.incremental.manifest import (
     MANIFEST_FORMAT,
@@ -73,7 +75,10 @@ def save_directory(backend: Backend, uri: str, directory: Path, how: Incremental
     marker = f"{store.uri}/{PENDING}/{uuid.uuid4().hex}.json"
     put_object(backend, marker, json.dumps(sorted(manifest.digests())).encode(), "payload")
     try:
-        missing = store.missing(backend, manifest.digests())
+        # After the marker and before the lookups: a chunk a collection condemned may be deleted
+        # by the next one however it is found now, so it is uploaded again (see .gc).
+        condemned = read_condemned(backend, store.uri).chunks.keys() & manifest.digests()
+        missing = store.missing(backend, manifest.digests()) | condemned
         uploads: dict[str, tuple[str, int, ChunkRef]] = {}
         for entry in manifest.files:
             for index, ref in enumerate(entry.chunks):

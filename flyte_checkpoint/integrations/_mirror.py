@@ -19,8 +19,9 @@ class DirectoryMirror:
     directory costs the new ``checkpoint-N`` per save, not the whole directory again. When an
     entry the previous save held is gone (the framework rotated an old checkpoint out), the
     chunks no live checkpoint references any more are collected after the save, as
-    :meth:`Checkpoint.collect_garbage_sync` does (chunks younger than its grace period stay
-    until a later collection); a failed collection is logged, never raised into training.
+    :meth:`Checkpoint.collect_garbage_sync` does (a chunk is deleted by the first collection
+    a grace period after the one that found it unreferenced, so at a later rotation); a failed
+    collection is logged, never raised into training.
     """
 
     def __init__(self, *, incremental: bool) -> None:

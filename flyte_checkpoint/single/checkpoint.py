@@ -510,7 +510,8 @@ class Checkpoint(BaseCheckpoint):
 
         Live are this helper's destination, its restore source and the same checkpoint of the
         attempts a load would walk back to (16 before each); chunks of a save still in progress
-        elsewhere and chunks younger than ``grace`` are kept too (the rule is explained in
+        elsewhere are kept too. A chunk is deleted only by a collection at least ``grace``
+        after the one that first found it unreferenced (the rule is explained in
         :mod:`flyte_checkpoint.incremental.gc`). Waits for this helper's background saves first.
         """
         self.wait_sync()

@@ -3,9 +3,8 @@ third collecting garbage all the while (no grace): every load afterwards gives o
 version, so no chunk a live manifest needs was ever removed.
 
 Half the files change every version and half never do, so saves both upload new chunks and
-find stored ones. (A save that reuses a chunk no manifest has referenced for longer than the
-grace period, while a collection runs in another process, is the one case garbage collection
-does not cover: see :mod:`flyte_checkpoint.incremental.gc`.)
+find stored ones. A save reusing a chunk a collection condemned uploads it again, so the
+two-phase collection (see :mod:`flyte_checkpoint.incremental.gc`) never deletes it under it.
 """
 
 from __future__ import annotations
