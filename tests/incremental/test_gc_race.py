@@ -13,8 +13,8 @@ import pytest
 from flyte_checkpoint.incremental import ChunkStore, IncrementalSave, chunk_store_for, collect_garbage, gc
 from flyte_checkpoint.incremental.condemned import read_condemned
 from flyte_checkpoint.incremental.save import save_directory
+from flyte_checkpoint.single.transfer import load_object
 from flyte_checkpoint.storage import Backend, backend_for
-from flyte_checkpoint.transfer import load_object
 from tests.conftest import tree_of
 from tests.stores import Store
 
