@@ -11,6 +11,7 @@ name is ever built, so a tree deeper than ``PATH_MAX`` goes too.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Callable
@@ -19,7 +20,8 @@ _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def remove_tree(top: str) -> None:
-    """Remove ``top`` and everything below it; a missing ``top`` is already removed.
+    """Remove ``top`` and everything below it; a missing ``top`` is already removed, a ``top``
+    that is a file or a symlink is refused with :class:`NotADirectoryError` (as ``shutil.rmtree``).
 
     Symlinks are removed, never followed. A directory inside the tree that its owner made
     read-only or unreadable is made accessible (``0o700``) and the step retried; ``top``'s own
@@ -31,8 +33,9 @@ def remove_tree(top: str) -> None:
     except FileNotFoundError:
         return
     except NotADirectoryError:
-        os.unlink(top)
-        return
+        # As shutil.rmtree: a file, or a symlink (even to a directory), is not a tree to remove.
+        kind = "a symbolic link" if os.path.islink(top) else "not a directory"
+        raise NotADirectoryError(errno.ENOTDIR, f"cannot remove a tree at {top}: it is {kind}", top) from None
     # Each frame: a directory's descriptor, its name in the frame below, and the names left.
     stack: list[tuple[int, str, list[str]]] = [(root, top, os.listdir(root))]
     try:

@@ -21,7 +21,8 @@ def no_deep_tree_left(tmp_path: Path) -> Iterator[None]:
     """pytest's own clean-up of old temporary directories recurses per level: leave no deep tree."""
     yield
     for child in tmp_path.iterdir():
-        remove_tree(str(child))
+        if child.is_dir() and not child.is_symlink():
+            remove_tree(str(child))
 
 
 def make_deep_tree(top: Path, depth: int = DEEPER_THAN_THE_RECURSION_LIMIT) -> None:
@@ -86,3 +87,13 @@ def test_clearing_a_workspace_that_holds_a_deep_tree_empties_it(
     workspace.clear()
     assert list(Path(workspace.path).iterdir()) == []
     workspace.close()
+
+
+def test_a_symlink_given_as_the_tree_is_refused_and_nothing_removed(tmp_path: Path) -> None:
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "kept").write_bytes(b"kept")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(NotADirectoryError, match="symbolic link"):
+        remove_tree(str(tmp_path / "link"))
+    assert (tmp_path / "link").is_symlink()
+    assert (tmp_path / "target" / "kept").read_bytes() == b"kept"

@@ -29,7 +29,8 @@ def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     yield tmp_path
     for child in tmp_path.iterdir():
-        remove_tree(str(child))
+        if child.is_dir() and not child.is_symlink():
+            remove_tree(str(child))
 
 
 def _deep_manifest(dest: Path) -> None:
