@@ -9,7 +9,8 @@ import tarfile
 from pathlib import Path
 from typing import IO, cast
 
-from flyte_checkpoint.archive.compression import CHUNK, tar_stream
+from flyte_checkpoint.archive.compression import CHUNK, compression_threads, tar_stream
+from flyte_checkpoint.archive.file_writes import FileWrites
 from flyte_checkpoint.archive.limits import CountingReader, ExtractionLimits, LimitCounter
 from flyte_checkpoint.archive.links import link_resolution_problem, link_target_problem
 from flyte_checkpoint.archive.tar_headers import FILE_TYPES, Entry, TarReader
@@ -32,22 +33,25 @@ def unpack_archive(
     ``dest`` or may not be restored, and :class:`ArchiveLimitError` past ``limits``; on error,
     what was extracted so far stays in ``dest`` for the caller to remove. An archive this
     package wrote is inflated on ``threads`` threads (default:
-    :func:`~.compression.compression_threads`), with the same checks.
+    :func:`~.compression.compression_threads`), with the same checks; files are written on
+    as many (:mod:`.file_writes`), whatever wrote the archive.
     """
     limits = limits or ExtractionLimits()
+    threads = compression_threads(threads)
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(os.path.realpath(dest))
     counted = CountingReader(source)
-    with tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads) as plain:
-        _Extractor(root, limits, counted if compressed else None).run(plain)
+    with (
+        tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads) as plain,
+        FileWrites(threads) as writes,
+    ):
+        _Extractor(root, limits, counted if compressed else None, writes).run(plain)
 
 
 # OS errors caused by what a member is called rather than by the disk: the archive cannot be
 # restored here, so they are reported as such, naming the member.
 _NAME_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})
 
-
-_ZERO_CHUNK = bytes(CHUNK)
 
 _NAME_MAX = 255
 """The longest file name (in bytes) Linux and macOS file systems accept."""
@@ -64,8 +68,11 @@ def _path_max(root: Path) -> int:
 class _Extractor:
     """Writes the members of one tar stream below ``root``, refusing anything unsafe."""
 
-    def __init__(self, root: Path, limits: ExtractionLimits, compressed: CountingReader | None) -> None:
+    def __init__(
+        self, root: Path, limits: ExtractionLimits, compressed: CountingReader | None, writes: FileWrites
+    ) -> None:
         self.root = root
+        self.writes = writes
         self.limits = limits
         self.compressed = compressed
         self.counter = LimitCounter(limits, (lambda: compressed.count) if compressed is not None else None)
@@ -90,6 +97,7 @@ class _Extractor:
                 raise CheckpointCorruptError(
                     f"archive member {entry.name!r} cannot be restored here: {exc.strerror}"
                 ) from exc
+        self.writes.finish_all()  # every file whole, and a failed write raised, before the links
         for name, target, raw in self.symlinks:
             self._make_symlink(name, target, raw)
         # Checked only now that every link exists: one link's target may run through another
@@ -200,20 +208,13 @@ class _Extractor:
         except FileExistsError:
             self._replace_allowed(path, entry)
             fd = os.open(path, flags, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            hole = False
-            while chunk := reader.read_data(CHUNK):
-                hole = len(chunk) == CHUNK and chunk == _ZERO_CHUNK
-                if hole:
-                    out.seek(CHUNK, os.SEEK_CUR)  # a whole MiB of zeros: left as a hole, as tar -S
-                else:
-                    out.write(chunk)
-                self.counter.unpacked_bytes(len(chunk), entry.name)
-            out.flush()
-            if hole:
-                os.ftruncate(fd, entry.size)  # a file ending in a hole: seeking set no size
-            os.fchmod(fd, safe_file_mode(entry.mode))
-            os.utime(fd, (entry.mtime, entry.mtime))
+        file = self.writes.start(fd, entry.size, safe_file_mode(entry.mode), entry.mtime)
+        offset = 0
+        while chunk := reader.read_data(CHUNK):
+            self.writes.write(file, chunk, offset)
+            offset += len(chunk)
+            self.counter.unpacked_bytes(len(chunk), entry.name)
+        self.writes.end(file)
         self.files.add(name)
 
     def _replace_allowed(self, path: str, entry: Entry) -> None:

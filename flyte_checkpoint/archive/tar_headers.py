@@ -216,14 +216,17 @@ class TarReader:
             )
 
     def read_data(self, size: int) -> bytes:
-        """Up to ``size`` bytes of the current member's data; ``b""`` once it is all read."""
+        """Up to ``size`` bytes of the current member's data, as the stream hands them over (a
+        read is not joined with the next: that would copy every byte once more); ``b""`` once
+        it is all read."""
         size = min(size, self._data_left)
         if not size:
             return b""
-        data = self._read(size)
-        if len(data) < size:
+        data = self._stream.read(size)
+        if not data:
             name = self._current.name if self._current else "?"
             raise self._truncated(f"member {name!r} ends early")
+        self.position += len(data)
         self._data_left -= len(data)
         return data
 

@@ -1,0 +1,162 @@
+"""Writing the data of extracted files: on a pool of threads when there are several.
+
+The extracting thread parses the tar stream, checks every member and creates each file; the
+bytes of a file then go to ``os.pwrite`` at their offset, on the pool, so a load is not bound by
+one thread copying into the page cache while the others inflate. A chunk of at least
+:data:`HOLE_FROM` zero bytes is not written but left as a hole, as ``tar -S`` would. A file is
+finished (its size set when it has holes, its mode and times applied, closed) on the extracting
+thread, and only once every write to it has returned, so its mtime is the archive's.
+
+Memory is bounded: at most :data:`AHEAD_PER_THREAD` chunks per thread are in flight before the
+extracting thread waits for the oldest. Errors of a write (a full disk) are raised on the
+extracting thread by the next call that finds that write done, at the latest by :meth:`finish_all`.
+Abandoning (any exception, an interrupt too) waits for the writes already running and closes
+every file: no descriptor and no thread is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import TracebackType
+
+THREAD_PREFIX = "flyte-checkpoint-write"
+"""The name prefix of the writing threads (tests look for leftovers by it)."""
+
+HOLE_FROM = 64 * 1024
+"""A chunk of at least this many zero bytes is left as a hole instead of written."""
+
+_ZEROS = bytes(1 << 20)
+
+POOLED_FROM = 64 * 1024
+"""Chunks smaller than this are written by the extracting thread: handing them over costs more."""
+
+AHEAD_PER_THREAD = 4
+
+OPEN_FILES = 64
+"""Files kept open while their writes finish, before the extracting thread waits for the oldest."""
+
+
+@dataclass
+class OpenFile:
+    """A file being extracted: its descriptor, and what to apply once its writes are done."""
+
+    fd: int
+    size: int
+    mode: int
+    mtime: float
+    pending: deque[Future[None]] = field(default_factory=deque)
+    holes: bool = False
+
+    def writes_done(self) -> bool:
+        while self.pending and self.pending[0].done():
+            self.pending.popleft().result()
+        return not self.pending
+
+
+class FileWrites:
+    """Writes files' data on ``threads`` threads (on the calling thread when it is 1)."""
+
+    def __init__(self, threads: int) -> None:
+        self._pool = (
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX) if threads > 1 else None
+        )
+        self._ahead = AHEAD_PER_THREAD * threads
+        self._in_flight: deque[Future[None]] = deque()
+        self._closing: deque[OpenFile] = deque()
+        self._open: set[int] = set()
+
+    def __enter__(self) -> FileWrites:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if kind is None:
+            self.finish_all()
+        else:
+            self.abandon()
+
+    def start(self, fd: int, size: int, mode: int, mtime: float) -> OpenFile:
+        """Take over the new, empty file ``fd``: it is closed by :meth:`end` or :meth:`abandon`."""
+        self._open.add(fd)
+        return OpenFile(fd, size, mode, mtime)
+
+    def write(self, file: OpenFile, chunk: bytes, offset: int) -> None:
+        """Write ``chunk`` at ``offset`` of ``file`` (a hole when it is all zeros, see :data:`HOLE_FROM`)."""
+        if _all_zeros(chunk):
+            file.holes = True
+            return
+        if self._pool is None or len(chunk) < POOLED_FROM:
+            _write_all(file.fd, chunk, offset)
+            return
+        while len(self._in_flight) >= self._ahead:
+            self._in_flight.popleft().result()
+        future = self._pool.submit(_write_all, file.fd, chunk, offset)
+        self._in_flight.append(future)
+        file.pending.append(future)
+
+    def end(self, file: OpenFile) -> None:
+        """No more writes to ``file``: it is finished now, or once its writes are done."""
+        self._closing.append(file)
+        self._finish_ready()
+        while len(self._closing) > OPEN_FILES:
+            self._finish(self._closing.popleft(), wait=True)
+
+    def finish_all(self) -> None:
+        """Wait for every write and finish every file; raises the first write's error."""
+        try:
+            while self._closing:
+                self._finish(self._closing.popleft(), wait=True)
+        except BaseException:
+            self.abandon()
+            raise
+        self._shutdown(cancel=False)
+
+    def abandon(self) -> None:
+        """Stop: writes not started are dropped, running ones waited for, every file closed."""
+        self._shutdown(cancel=True)
+        self._closing.clear()
+        for fd in self._open:
+            os.close(fd)
+        self._open.clear()
+
+    def _finish_ready(self) -> None:
+        while self._in_flight and self._in_flight[0].done():
+            self._in_flight.popleft().result()
+        while self._closing and self._closing[0].writes_done():
+            self._finish(self._closing.popleft(), wait=False)
+
+    def _finish(self, file: OpenFile, *, wait: bool) -> None:
+        while wait and file.pending:
+            file.pending.popleft().result()
+        if file.holes:
+            os.ftruncate(file.fd, file.size)  # a file ending in a hole: skipping it set no size
+        os.fchmod(file.fd, file.mode)
+        os.utime(file.fd, (file.mtime, file.mtime))
+        self._open.discard(file.fd)
+        os.close(file.fd)
+
+    def _shutdown(self, *, cancel: bool) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+        self._in_flight.clear()
+
+
+def _all_zeros(chunk: bytes) -> bool:
+    # The ends first: most data is not zeros, and then this costs no copy of a chunk.
+    return (
+        HOLE_FROM <= len(chunk) <= len(_ZEROS)
+        and chunk[0] == chunk[-1] == 0
+        and chunk == _ZEROS[: len(chunk)]
+    )
+
+
+def _write_all(fd: int, chunk: bytes, offset: int) -> None:
+    view = memoryview(chunk)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
