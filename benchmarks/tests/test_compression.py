@@ -16,7 +16,8 @@ SCRIPT = REPO / "benchmarks" / "compression.py"
 
 def test_the_compression_benchmark_reports_every_figure(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--size-mib", "8", "--text-mib", "1", "--dir", str(tmp_path), "--json"],
+        [sys.executable, str(SCRIPT), "--size-mib", "8", "--text-mib", "1", "--half-mib", "4"]
+        + ["--dir", str(tmp_path), "--json"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -25,11 +26,11 @@ def test_the_compression_benchmark_reports_every_figure(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, f"compression.py failed:\n{done.stderr[-4000:]}"
     report, figures = done.stdout.split("\n{", 1)
-    for line in ("save   ours", "wall ratio", "load   ours", "load   weights", "load   text", "text   "):
+    lines = ("save   ours", "wall ratio", "load   ours", "load   weights", "load   half", "load   text")
+    for line in (*lines, "text   "):
         assert line in report
     values = json.loads("{" + figures)
-    assert {"save_cpu", "tar_save_cpu", "load_wall_1", "load_wall_2", "text_size", "text_today"} <= set(
-        values
-    )
+    expected = {"save_cpu", "tar_save_cpu", "weights_load_wall_1", "weights_load_wall_2", "text_size"}
+    assert expected | {"half_load_model_16", "text_today"} <= set(values)
     assert all(value >= 0 for value in values.values())
     assert list(tmp_path.iterdir()) == []  # its data is removed
