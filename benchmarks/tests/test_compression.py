@@ -15,9 +15,9 @@ SCRIPT = REPO / "benchmarks" / "compression.py"
 
 
 def test_the_compression_benchmark_reports_every_figure(tmp_path: Path) -> None:
+    sizes = ["--size-mib", "8", "--text-mib", "1", "--half-mib", "4"]
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--size-mib", "8", "--text-mib", "1", "--half-mib", "4"]
-        + ["--dir", str(tmp_path), "--json"],
+        [sys.executable, str(SCRIPT), *sizes, "--dir", str(tmp_path), "--json"],
         capture_output=True,
         text=True,
         timeout=300,
