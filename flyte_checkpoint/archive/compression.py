@@ -15,6 +15,7 @@ import os
 import tarfile
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Executor
 from typing import IO, Any, cast
 
 from flyte_checkpoint.archive import members
@@ -117,14 +118,16 @@ def gzip_reader(source: IO[bytes]) -> Iterator[IO[bytes]]:
 
 
 @contextlib.contextmanager
-def tar_stream(source: IO[bytes], *, compressed: bool, threads: int | None = None) -> Iterator[IO[bytes]]:
+def tar_stream(
+    source: IO[bytes], *, compressed: bool, threads: int | None = None, pool: Executor | None = None
+) -> Iterator[IO[bytes]]:
     """The plain tar bytes of ``source``, read to its very end on success (so the gzip CRC and
     length, or the index, are checked after the last member); a malformed stream is
-    :class:`CheckpointCorruptError`. An indexed archive is inflated on ``threads`` threads
-    (default :func:`compression_threads`), any other gzip stream on one."""
+    :class:`CheckpointCorruptError`. An indexed archive is inflated on ``pool`` if given, else
+    on ``threads`` threads (default :func:`compression_threads`); any other gzip stream on one."""
     try:
         with contextlib.ExitStack() as stack:
-            plain = stack.enter_context(_decompressed(source, threads)) if compressed else source
+            plain = stack.enter_context(_decompressed(source, threads, pool)) if compressed else source
             yield plain
             drain(plain)
     except CheckpointError:
@@ -134,12 +137,12 @@ def tar_stream(source: IO[bytes], *, compressed: bool, threads: int | None = Non
 
 
 @contextlib.contextmanager
-def _decompressed(source: IO[bytes], threads: int | None) -> Iterator[IO[bytes]]:
+def _decompressed(source: IO[bytes], threads: int | None, pool: Executor | None) -> Iterator[IO[bytes]]:
     head = b""
     while len(head) < members.HEADER_PREFIX and (more := source.read(members.HEADER_PREFIX - len(head))):
         head += more
     if members.is_indexed(head):
-        with IndexedReader(source, head, compression_threads(threads)) as indexed:
+        with IndexedReader(source, head, compression_threads(threads), pool) as indexed:
             yield cast(IO[bytes], indexed)  # its read() hands over whole blocks: no buffer needed
         return
     from_start = cast(IO[bytes], io.BufferedReader(PrefixedReader(head, source)))

@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, cast
 
@@ -15,6 +16,9 @@ from flyte_checkpoint.archive.limits import CountingReader, ExtractionLimits, Li
 from flyte_checkpoint.archive.links import link_resolution_problem, link_target_problem
 from flyte_checkpoint.archive.tar_headers import FILE_TYPES, Entry, TarReader
 from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError, UnsafeArchiveError
+
+THREAD_PREFIX = "flyte-checkpoint-load"
+"""The name prefix of a load's threads, which inflate members and write files."""
 
 
 def unpack_archive(
@@ -41,11 +45,18 @@ def unpack_archive(
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(os.path.realpath(dest))
     counted = CountingReader(source)
-    with (
-        tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads) as plain,
-        FileWrites(threads) as writes,
-    ):
-        _Extractor(root, limits, counted if compressed else None, writes).run(plain)
+    # One pool inflates members and writes files: more threads than cores would only take
+    # turns, and each hand-over between them costs a wake-up.
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_PREFIX) if threads > 1 else None
+    try:
+        with (
+            tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads, pool=pool) as plain,
+            FileWrites(threads, pool) as writes,
+        ):
+            _Extractor(root, limits, counted if compressed else None, writes).run(plain)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 # OS errors caused by what a member is called rather than by the disk: the archive cannot be

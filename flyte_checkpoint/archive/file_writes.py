@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -57,12 +57,16 @@ class OpenFile:
 
 
 class FileWrites:
-    """Writes files' data on ``threads`` threads (on the calling thread when it is 1)."""
+    """Writes files' data on ``pool`` when one is given (the caller's to shut down), else on a
+    pool of ``threads`` of its own, or on the calling thread when ``threads`` is 1."""
 
-    def __init__(self, threads: int) -> None:
-        self._pool = (
-            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX) if threads > 1 else None
+    def __init__(self, threads: int, pool: Executor | None = None) -> None:
+        self._own_pool = (
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX)
+            if pool is None and threads > 1
+            else None
         )
+        self._pool = pool or self._own_pool
         self._ahead = AHEAD_PER_THREAD * threads
         self._in_flight: deque[Future[None]] = deque()
         self._closing: deque[OpenFile] = deque()
@@ -113,11 +117,18 @@ class FileWrites:
         except BaseException:
             self.abandon()
             raise
-        self._shutdown(cancel=False)
+        self._in_flight.clear()
+        if self._own_pool is not None:
+            self._own_pool.shutdown()
 
     def abandon(self) -> None:
         """Stop: writes not started are dropped, running ones waited for, every file closed."""
-        self._shutdown(cancel=True)
+        for future in self._in_flight:
+            future.cancel()
+        wait(self._in_flight)  # no write may still be using a descriptor closed below
+        self._in_flight.clear()
+        if self._own_pool is not None:
+            self._own_pool.shutdown(wait=True, cancel_futures=True)
         self._closing.clear()
         for fd in self._open:
             os.close(fd)
@@ -138,11 +149,6 @@ class FileWrites:
         os.utime(file.fd, (file.mtime, file.mtime))
         self._open.discard(file.fd)
         os.close(file.fd)
-
-    def _shutdown(self, *, cancel: bool) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=cancel)
-        self._in_flight.clear()
 
 
 def _all_zeros(chunk: bytes) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import IO
 
 from flyte_checkpoint.archive import members
@@ -27,15 +27,22 @@ THREAD_PREFIX = "flyte-checkpoint-gunzip"
 
 
 class IndexedReader(io.RawIOBase):
-    """The content of the indexed archive ``source``, whose first bytes ``head`` were read already."""
+    """The content of the indexed archive ``source``, whose first bytes ``head`` were read already.
 
-    def __init__(self, source: IO[bytes], head: bytes, threads: int) -> None:
+    Members inflate on ``pool`` when one is given (the caller's to shut down), else on a pool of
+    ``threads`` of its own, or on the reading thread when ``threads`` is 1.
+    """
+
+    def __init__(self, source: IO[bytes], head: bytes, threads: int, pool: Executor | None = None) -> None:
         self._source = source
         self._head = head
         self._offset = 0
-        self._pool = (
-            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX) if threads > 1 else None
+        self._own_pool = (
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX)
+            if pool is None and threads > 1
+            else None
         )
+        self._pool = pool or self._own_pool
         self._ahead = threads + 1
         self._pending: deque[Future[bytes] | bytes] = deque()
         self._block = b""
@@ -70,8 +77,11 @@ class IndexedReader(io.RawIOBase):
         return self._block[start : start + size]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        for item in self._pending:
+            if isinstance(item, Future):
+                item.cancel()
+        if self._own_pool is not None:
+            self._own_pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
         super().close()
 

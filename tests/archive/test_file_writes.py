@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import CheckpointCorruptError, archive
-from flyte_checkpoint.archive import file_writes
+from flyte_checkpoint.archive import extract, file_writes, member_reader
 from tests.conftest import tree_of
 
 MIB = 1 << 20
@@ -45,7 +45,8 @@ def open_descriptors() -> set[str]:
 
 
 def writing_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(file_writes.THREAD_PREFIX)]
+    prefixes = (extract.THREAD_PREFIX, file_writes.THREAD_PREFIX, member_reader.THREAD_PREFIX)
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefixes)]
 
 
 def test_a_tree_written_on_two_threads_is_the_tree_that_was_saved(tmp_path: Path) -> None:
