@@ -107,13 +107,13 @@ class FileWrites:
         self._closing.append(file)
         self._finish_ready()
         while len(self._closing) > OPEN_FILES:
-            self._finish(self._closing.popleft(), wait=True)
+            self._finish(self._closing.popleft(), block=True)
 
     def finish_all(self) -> None:
         """Wait for every write and finish every file; raises the first write's error."""
         try:
             while self._closing:
-                self._finish(self._closing.popleft(), wait=True)
+                self._finish(self._closing.popleft(), block=True)
         except BaseException:
             self.abandon()
             raise
@@ -138,10 +138,10 @@ class FileWrites:
         while self._in_flight and self._in_flight[0].done():
             self._in_flight.popleft().result()
         while self._closing and self._closing[0].writes_done():
-            self._finish(self._closing.popleft(), wait=False)
+            self._finish(self._closing.popleft(), block=False)
 
-    def _finish(self, file: OpenFile, *, wait: bool) -> None:
-        while wait and file.pending:
+    def _finish(self, file: OpenFile, *, block: bool) -> None:
+        while block and file.pending:
             file.pending.popleft().result()
         if file.holes:
             os.ftruncate(file.fd, file.size)  # a file ending in a hole: skipping it set no size
