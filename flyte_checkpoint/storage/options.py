@@ -131,8 +131,10 @@ class TransferSettings(BaseModel):
     max_concurrency: int = Field(default=8, ge=1, le=64)
     """Upload parts or download ranges in flight at once (storage option ``max_concurrency``)."""
     part_size: int = Field(default=8 * _MiB, ge=_MiB)
-    """Bytes per upload part and per download range (storage option ``part_size``). Uploads of
-    more than ``part_size`` times the store's part limit use larger parts, and fewer of them in flight."""
+    """Bytes per upload part and the most per download range (storage option ``part_size``).
+    Uploads of more than ``part_size`` times the store's part limit use larger parts, and fewer of
+    them in flight; loads cut an object into equal ranges of at most this size, one per
+    connection per round."""
     file_concurrency: int = Field(default=32, ge=1, le=256)
     """Upload parts in flight at once when a regular file is saved (storage option
     ``file_concurrency``). They are read from the file while they are sent and hold no buffer,

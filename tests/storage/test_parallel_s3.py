@@ -37,7 +37,7 @@ from flyte_checkpoint.storage.parallel.bodies import FilePartBody, MemoryPartBod
 from flyte_checkpoint.storage.parallel.contract import ObjectReplacedError, RangeBody
 from flyte_checkpoint.storage.parallel.reader import ParallelReader
 from flyte_checkpoint.storage.parallel.retries import mark_retried_by_client
-from flyte_checkpoint.storage.parallel.sizing import transfer_memory
+from flyte_checkpoint.storage.parallel.sizing import first_range_size, range_size_for, transfer_memory
 from flyte_checkpoint.storage.parallel.writer import ParallelWriter
 from flyte_checkpoint.storage.stores.s3 import S3Backend, S3Object
 from tests.faults.proxy import FaultProxy, drop_before_response
@@ -101,6 +101,12 @@ def load(reader: ParallelReader | None, chunk: int = 300_000) -> tuple[bytes, Ve
         while count := verifying.readinto(buffer):
             out += buffer[:count]
     return bytes(out), verifying
+
+
+def later_range_starts(size: int, settings: TransferSettings = SETTINGS) -> list[int]:
+    """Where the ranges after the first GET start, for an object of ``size`` bytes."""
+    first = first_range_size(settings)
+    return list(range(first, size, range_size_for(settings, size, first)))
 
 
 def stored(bucket: Bucket, key: str) -> bytes:
@@ -220,15 +226,18 @@ def test_checksums_turned_off_in_botocores_config_stay_off(s3_server: StorageSer
 
 
 def test_ranges_after_the_first_are_pinned_to_its_etag(bucket: Bucket) -> None:
-    save(bucket, "pinned", os.urandom(2 * PART + 1))
+    size = 2 * PART + 1
+    save(bucket, "pinned", os.urandom(size))
     with recorded_requests(bucket) as sent:
         reader = open_s3_reader(bucket.fs, bucket.uri("pinned"), SETTINGS)
         assert reader is not None
         load(reader)
     gets = [request.headers for request in sent if request.operation == "GetObject"]
-    assert len(gets) == 3
+    later = later_range_starts(size)
+    assert len(later) == 3  # the first MiB, then the rest in one equal share per connection
+    assert len(gets) == 1 + len(later)
     assert "If-Match" not in gets[0]
-    assert [headers["If-Match"] for headers in gets[1:]] == [reader.info.version] * 2
+    assert [headers["If-Match"] for headers in gets[1:]] == [reader.info.version] * len(later)
 
 
 # -- faults -------------------------------------------------------------------------------------
@@ -360,7 +369,7 @@ def test_a_range_cut_off_mid_body_resumes_where_it_stopped(bucket: Bucket) -> No
     got, verifying = load(ParallelReader.open(source, SETTINGS))
     assert got == data
     assert verifying.verified
-    assert sorted(source.ranges_asked) == [1000, PART]
+    assert sorted(source.ranges_asked) == [1000, *later_range_starts(len(data))]
 
 
 # -- stale uploads ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from flyte_checkpoint.storage.parallel.contract import (
     RangeSource,
 )
 from flyte_checkpoint.storage.parallel.retries import with_retries
+from flyte_checkpoint.storage.parallel.sizing import first_range_size, range_size_for
 
 T = TypeVar("T")
 
@@ -38,7 +39,10 @@ class ParallelReader(io.RawIOBase):
     Wrap it in :class:`~flyte_checkpoint.storage.base.VerifyingReader`: it reads like a plain
     stream from the start to the end. Every range after the first is pinned to the version the
     first response reported; a range that fails is retried on its own; memory stays at
-    ``max_concurrency`` buffers of ``part_size``, each reused for the range after the next ones.
+    ``max_concurrency`` buffers of at most ``part_size``, each reused for the range after the
+    next ones. The first GET asks for :func:`~.sizing.first_range_size` bytes; the rest of the
+    object is cut as :func:`~.sizing.range_size_for` plans, so every connection carries an equal
+    share to the end.
     """
 
     def __init__(
@@ -49,22 +53,23 @@ class ParallelReader(io.RawIOBase):
         settings: TransferSettings,
         *,
         deadline: TransferBound | None = None,
+        first_length: int | None = None,
     ) -> None:
         super().__init__()
         self.info = info
         self._source = source
         self._policy = settings.policy()
-        self._range_size = settings.part_size
+        first_length = first_range_size(settings) if first_length is None else first_length
+        self._range_size = range_size_for(settings, info.size, first_length)
         self._deadline = deadline or settings.deadline(source.uri, "loading", source.loop, info.size)
         self._deadline.allow_for(info.size)
         self._ranges: collections.deque[_Range] = collections.deque()
         self._next_start = 0
-        slots = min(settings.max_concurrency, max(1, -(-info.size // self._range_size)))
-        for index in range(slots):
-            length = min(self._range_size, info.size - self._next_start)
-            if index and length <= 0:
+        self._schedule(bytearray(min(first_length, info.size)), first)
+        for _ in range(settings.max_concurrency - 1):
+            if self._next_start >= info.size:
                 break
-            self._schedule(bytearray(max(length, 0)), first if index == 0 else None)
+            self._schedule(bytearray(self._length_from(self._next_start)))
 
     @classmethod
     def open(
@@ -72,17 +77,26 @@ class ParallelReader(io.RawIOBase):
     ) -> ParallelReader | None:
         """Send the first GET and start the others; ``None`` when there is no object."""
         deadline = deadline or settings.deadline(source.uri, "loading", source.loop)
-        opened = deadline.result(deadline.submit(source.open(settings.part_size)))
+        first_length = first_range_size(settings)
+        opened = deadline.result(deadline.submit(source.open(first_length)))
         if opened is None:
             deadline.finish()
             return None
         info, first = opened
-        return cls(source, info, first, settings, deadline=deadline)
+        return cls(source, info, first, settings, deadline=deadline, first_length=first_length)
+
+    def _length_from(self, start: int) -> int:
+        """The length of the range that starts at ``start`` (the plan of :func:`range_size_for`)."""
+        return min(self._range_size, self.info.size - start)
 
     def _schedule(self, storage: bytearray, first: RangeBody | None = None) -> None:
+        """Fetch the next range into ``storage`` (its length, at the start; else the plan's)."""
         start = self._next_start
-        view = memoryview(storage)[: min(len(storage), self.info.size - start)]
-        self._next_start += len(view)
+        length = len(storage) if first is not None else self._length_from(start)
+        if len(storage) < length:
+            storage = bytearray(length)  # the first range's buffer is smaller than the others
+        view = memoryview(storage)[:length]
+        self._next_start += length
         future = self._deadline.submit(self._fill(start, view, first))
         self._ranges.append(_Range(storage, view, future))
 
