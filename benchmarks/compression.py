@@ -173,10 +173,8 @@ def measure_loads(obj: Path, out: Path, runs: int, name: str, figures: dict[str,
         figures[f"{name}_load_main_{threads}"] = min(extracting)
     # No faster than the one-thread load spread perfectly: 2 threads may do less work than one
     # (the best run by wall clock is kept), which alone would model more than 16x.
-    modelled = max(
-        figures[f"{name}_load_main_2"], figures[f"{name}_load_cpu_2"] / 16, figures[f"{name}_load_wall_1"] / 16
-    )
-    figures[f"{name}_load_model_16"] = modelled
+    serial, spread = figures[f"{name}_load_main_2"], figures[f"{name}_load_cpu_2"] / 16
+    figures[f"{name}_load_model_16"] = max(serial, spread, figures[f"{name}_load_wall_1"] / 16)
 
 
 def scaling_line(f: dict[str, float], name: str, label: str) -> str:
