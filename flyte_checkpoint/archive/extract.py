@@ -51,7 +51,7 @@ def unpack_archive(
     try:
         with (
             tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads, pool=pool) as plain,
-            FileWrites(threads, pool) as writes,
+            FileWrites(pool, threads) as writes,
         ):
             _Extractor(root, limits, counted if compressed else None, writes).run(plain)
     finally:

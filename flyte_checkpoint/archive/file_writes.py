@@ -10,20 +10,18 @@ thread, and only once every write to it has returned, so its mtime is the archiv
 Memory is bounded: at most :data:`AHEAD_PER_THREAD` chunks per thread are in flight before the
 extracting thread waits for the oldest. Errors of a write (a full disk) are raised on the
 extracting thread by the next call that finds that write done, at the latest by :meth:`finish_all`.
-Abandoning (any exception, an interrupt too) waits for the writes already running and closes
-every file: no descriptor and no thread is left behind.
+Abandoning (any exception, an interrupt too) drops the writes not started, waits for those
+already running and closes every file: no descriptor is left open, and none is closed under a
+running write.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
 from types import TracebackType
-
-THREAD_PREFIX = "flyte-checkpoint-write"
-"""The name prefix of the writing threads (tests look for leftovers by it)."""
 
 HOLE_FROM = 64 * 1024
 """A chunk of at least this many zero bytes is left as a hole instead of written."""
@@ -57,16 +55,11 @@ class OpenFile:
 
 
 class FileWrites:
-    """Writes files' data on ``pool`` when one is given (the caller's to shut down), else on a
-    pool of ``threads`` of its own, or on the calling thread when ``threads`` is 1."""
+    """Writes files' data on ``pool``, a pool of ``threads`` that its caller shuts down, or on
+    the calling thread when there is none."""
 
-    def __init__(self, threads: int, pool: Executor | None = None) -> None:
-        self._own_pool = (
-            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX)
-            if pool is None and threads > 1
-            else None
-        )
-        self._pool = pool or self._own_pool
+    def __init__(self, pool: Executor | None, threads: int) -> None:
+        self._pool = pool
         self._ahead = AHEAD_PER_THREAD * threads
         self._in_flight: deque[Future[None]] = deque()
         self._closing: deque[OpenFile] = deque()
@@ -118,8 +111,6 @@ class FileWrites:
             self.abandon()
             raise
         self._in_flight.clear()
-        if self._own_pool is not None:
-            self._own_pool.shutdown()
 
     def abandon(self) -> None:
         """Stop: writes not started are dropped, running ones waited for, every file closed."""
@@ -127,8 +118,6 @@ class FileWrites:
             future.cancel()
         wait(self._in_flight)  # no write may still be using a descriptor closed below
         self._in_flight.clear()
-        if self._own_pool is not None:
-            self._own_pool.shutdown(wait=True, cancel_futures=True)
         self._closing.clear()
         for fd in self._open:
             os.close(fd)
@@ -144,7 +133,7 @@ class FileWrites:
         while block and file.pending:
             file.pending.popleft().result()
         if file.holes:
-            os.ftruncate(file.fd, file.size)  # a file ending in a hole: skipping it set no size
+            os.ftruncate(file.fd, file.size)  # zeros skipped at its end left the file short
         os.fchmod(file.fd, file.mode)
         os.utime(file.fd, (file.mtime, file.mtime))
         self._open.discard(file.fd)

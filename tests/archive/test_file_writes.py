@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import CheckpointCorruptError, archive
-from flyte_checkpoint.archive import extract, file_writes, member_reader
+from flyte_checkpoint.archive import extract, member_reader
 from tests.conftest import tree_of
 
 MIB = 1 << 20
@@ -45,7 +45,7 @@ def open_descriptors() -> set[str]:
 
 
 def writing_threads() -> list[str]:
-    prefixes = (extract.THREAD_PREFIX, file_writes.THREAD_PREFIX, member_reader.THREAD_PREFIX)
+    prefixes = (extract.THREAD_PREFIX, member_reader.THREAD_PREFIX)
     return [t.name for t in threading.enumerate() if t.name.startswith(prefixes)]
 
 
