@@ -396,3 +396,55 @@ def test_listing_a_prefix_never_shows_second_names(tmp_path: Path) -> None:
     (tmp_path / ".obj.0123456789abcdef.fc-old").write_bytes(b"retired")
     (tmp_path / "other").write_bytes(b"x")
     assert backend_for(str(tmp_path)).list_prefix(str(tmp_path)) == [str(tmp_path / "other")]
+
+
+def run_python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_a_process_that_exits_while_the_reaper_holds_a_name_leaves_no_second_name(tmp_path: Path) -> None:
+    # The interpreter stops its daemon threads wherever they are at exit: here the reaper has
+    # taken the name off its queue and not yet unlinked it.
+    script = """
+import sys, threading, time
+from flyte_checkpoint import Checkpoint
+from flyte_checkpoint.storage import deferred_unlink
+reaper = deferred_unlink._REAPER
+def stalled() -> None:
+    reaper._queue.get()
+    threading.Event().wait()
+reaper._run = stalled
+Checkpoint(sys.argv[1]).save_sync(b"old")
+Checkpoint(sys.argv[1]).save_sync(b"new")
+while not reaper._queue.empty():
+    time.sleep(0.01)
+"""
+    target = tmp_path / "obj"
+    result = run_python(script, str(target))
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["obj"]
+    assert target.read_bytes() == b"new"
+
+
+def test_an_interrupt_right_after_the_second_name_is_made_leaves_none_once_the_process_ends(
+    tmp_path: Path,
+) -> None:
+    script = """
+import os, sys
+from flyte_checkpoint import Checkpoint
+Checkpoint(sys.argv[1]).save_sync(b"old")
+real_link = os.link
+def link_then_interrupt(*args, **kwargs) -> None:
+    real_link(*args, **kwargs)
+    raise KeyboardInterrupt
+os.link = link_then_interrupt
+try:
+    Checkpoint(sys.argv[1]).save_sync(b"new")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+    target = tmp_path / "obj"
+    result = run_python(script, str(target))
+    assert result.stdout.split() == ["interrupted"], result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["obj"]
+    assert target.read_bytes() == b"old"

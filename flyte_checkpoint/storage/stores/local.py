@@ -206,8 +206,9 @@ class LocalWriter(ObjectWriter):
     def _commit(self) -> None:
         # The atomic step: one rename in the destination's own directory (see the class docstring).
         with translated_os_errors(self.uri, "saving"):
-            retired = retire(self._dest)
+            retired: Path | None = None
             try:
+                retired = retire(self._dest)
                 # Still holding the lock, so no sweep can remove the temp file before the rename.
                 os.replace(self._temp, self._dest)
             finally:
