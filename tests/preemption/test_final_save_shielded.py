@@ -77,3 +77,29 @@ def test_before_a_notice_a_signal_handlers_exception_still_stops_a_save_where_it
         helper.save_sync(os.urandom(8 * 1024 * 1024), progress=SignalMidSave())
     assert restored(tmp_path) == b"older state"
     helper.close()
+
+
+@pytest.mark.usefixtures("raising_sigusr1")
+def test_the_final_save_commits_when_the_handlers_exception_lands_before_its_thread_has_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a loaded machine the new thread can run the save, and the signal its progress sends
+    # can reach the main thread, while the main thread is still inside Thread.start().
+    progress = SignalMidSave()
+    real_start = threading.Thread.start
+
+    def start_returning_after_the_signal(thread: threading.Thread) -> None:
+        real_start(thread)
+        if thread.name.startswith("flyte-checkpoint-final-save"):
+            while not progress.sent:
+                threading.Event().wait(0.001)  # the handler's exception is raised in here
+
+    monkeypatch.setattr(threading.Thread, "start", start_returning_after_the_signal)
+    state = os.urandom(8 * 1024 * 1024)
+    helper = Checkpoint(tmp_path / "ckpt")
+    helper.save_sync(b"older state")
+    notice.notify_signal(signal.SIGTERM, 30.0)
+    with pytest.raises(WorkerDied):
+        helper.save_sync(state, progress=progress)
+    assert restored(tmp_path) == state
+    helper.close()

@@ -221,8 +221,10 @@ def _shielded(save: Callable[[], None], uri: str) -> None:
     """
     context = contextvars.copy_context()  # the running attempt, as the caller sees it
     outcome: concurrent.futures.Future[None] = concurrent.futures.Future()
+    began = threading.Event()
 
     def run() -> None:
+        began.set()
         try:
             context.run(save)
         except BaseException as error:  # handed to the caller's thread, which raises it
@@ -230,19 +232,44 @@ def _shielded(save: Callable[[], None], uri: str) -> None:
         else:
             outcome.set_result(None)
 
-    threading.Thread(target=run, name=f"flyte-checkpoint-final-save {uri}").start()
-    interruption: BaseException | None = None
-    while not outcome.done():
-        try:
-            concurrent.futures.wait([outcome])
-        except BaseException as raised:  # from a signal handler, into this wait
-            if interruption is None:
-                interruption = raised
-                logger.warning(
-                    "%s was raised while the final save to %s ran; it is raised once that save has ended",
-                    type(raised).__name__,
-                    uri,
-                )
-    if interruption is not None:
-        raise interruption
+    thread = threading.Thread(target=run, name=f"flyte-checkpoint-final-save {uri}")
+    kept: list[BaseException] = []
+    try:
+        thread.start()
+    except BaseException as raised:
+        # Mostly raised while start() waits for the new thread to begin, which then runs the
+        # save (a loaded machine may run the whole save before this thread returns). Raised in
+        # the few bytecodes before the thread exists, it never begins: then there is nothing
+        # to wait for and the exception goes up at once, as it would have before the save.
+        kept.append(raised)
+        if not _deferring(lambda: began.wait(_BEGIN_SECONDS), kept, uri):
+            raise
+        _say_deferred(raised, uri)
+    _deferring(lambda: bool(concurrent.futures.wait([outcome]).done), kept, uri)
+    if kept:
+        raise kept[0]
     outcome.result()
+
+
+_BEGIN_SECONDS = 10.0
+"""How long a started final-save thread may take to run its first line (a loaded machine's
+scheduling delay, with a wide margin) before an interrupted start is taken to have failed."""
+
+
+def _deferring(wait: Callable[[], bool], kept: list[BaseException], uri: str) -> bool:
+    """Call ``wait`` until it returns, keeping what signal handlers raise into it meanwhile."""
+    while True:
+        try:
+            return wait()
+        except BaseException as raised:  # from a signal handler, into this wait
+            if not kept:
+                _say_deferred(raised, uri)
+            kept.append(raised)
+
+
+def _say_deferred(raised: BaseException, uri: str) -> None:
+    logger.warning(
+        "%s was raised while the final save to %s ran; it is raised once that save has ended",
+        type(raised).__name__,
+        uri,
+    )
