@@ -310,7 +310,9 @@ def _unpack(backend: Backend, reader: VerifyingReader, dest: Path, limits: Extra
                 limits = limits.for_recorded(reader.info.recorded_content_size)
                 archive.unpack_archive(stream, dest, compressed=compressed, limits=limits)
             return dest
-        return _write_payload(stream, dest / PAYLOAD_BASENAME, restoring)
+        # classify hands out the reader itself or a BufferedReader over it: both read into buffers.
+        readable = cast(io.RawIOBase | io.BufferedIOBase, stream)
+        return _write_payload(readable, dest / PAYLOAD_BASENAME, restoring)
     except CheckpointCorruptError as exc:
         add_context(
             exc,
@@ -320,11 +322,13 @@ def _unpack(backend: Backend, reader: VerifyingReader, dest: Path, limits: Extra
         raise
 
 
-def _write_payload(stream: IO[bytes], target: Path, restoring: str) -> Path:
+def _write_payload(stream: io.RawIOBase | io.BufferedIOBase, target: Path, restoring: str) -> Path:
     """Copy the whole stream to ``target`` via a temp name, so a failed read leaves no payload."""
     partial = target.with_name(f".{target.name}.partial")
+    # One buffer filled in place: a fresh MiB per read would be faulted in and zeroed each time.
+    buffer = memoryview(bytearray(COPY_CHUNK))
     with translated_os_errors(str(target), restoring), open(partial, "wb") as out:
-        while chunk := stream.read(COPY_CHUNK):
-            out.write(chunk)
+        while count := stream.readinto(buffer):
+            out.write(buffer[:count])
     os.replace(partial, target)
     return target
