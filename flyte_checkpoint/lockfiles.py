@@ -2,7 +2,7 @@
 
 The kernel drops a process's locks when it dies, so a lock file nobody holds belongs to a dead
 owner, and whatever it guards can be removed. Used for save temp files, restore workspaces and
-background-save snapshots.
+background-save snapshots, and the scratch directories of state checkpoints and Ray actors.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import contextlib
 import fcntl
 import os
 import stat
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -133,3 +134,44 @@ def is_snapshot_scratch(path: str) -> bool:
         return is_ours(os.lstat(lock), stat.S_ISREG)
     except OSError:
         return False
+
+
+def make_locked_directory(parent: Path, prefix: str) -> tuple[Path, int]:
+    """A new directory ``prefix*`` in ``parent`` and the descriptor of its held lock file.
+
+    :func:`sweep_abandoned` with the same ``parent`` and prefix removes the directory once the
+    process holding the lock has died; :func:`release_locked_directory` removes it before.
+    """
+    while True:
+        directory = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        fd = create_locked(directory.with_name(directory.name + LOCK_SUFFIX))
+        if fd is not None and directory.is_dir():
+            return directory, fd
+        if fd is not None:
+            os.close(fd)
+
+
+def release_locked_directory(directory: str, lock_fd: int) -> None:
+    """Remove a directory of :func:`make_locked_directory` with its lock file, then drop the lock."""
+    try:
+        remove_owned_tree(directory)
+        with contextlib.suppress(OSError):
+            os.unlink(directory + LOCK_SUFFIX)
+    finally:
+        os.close(lock_fd)
+
+
+@contextlib.contextmanager
+def locked_scratch_directory(prefix: str) -> Iterator[Path]:
+    """A scratch directory ``prefix*`` in ``TMPDIR`` for the ``with`` block, removed after it.
+
+    Unlike :class:`tempfile.TemporaryDirectory`, one left by a process killed inside the block
+    (SIGKILL, the OOM killer) is removed by the next call with the same prefix, in any process.
+    """
+    parent = Path(tempfile.gettempdir())
+    sweep_abandoned(parent, prefix)
+    directory, lock_fd = make_locked_directory(parent, prefix)
+    try:
+        yield directory
+    finally:
+        release_locked_directory(str(directory), lock_fd)

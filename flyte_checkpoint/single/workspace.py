@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 import weakref
 from pathlib import Path, PosixPath
 
 from flyte_checkpoint.errors import CheckpointClosedError
-from flyte_checkpoint.lockfiles import LOCK_SUFFIX, create_locked, remove_owned_tree, sweep_abandoned
+from flyte_checkpoint.lockfiles import make_locked_directory, release_locked_directory, sweep_abandoned
 from flyte_checkpoint.storage.errors import translated_os_errors
 from flyte_checkpoint.tree_removal import remove_tree
 
 WORKSPACE_PREFIX = "flyte-cp-"
-
-
-def _lock_file(directory: Path) -> Path:
-    return directory.with_name(directory.name + LOCK_SUFFIX)
 
 
 def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
@@ -36,13 +31,7 @@ def _create_locked_workspace() -> tuple[Path, int]:
     sweep_abandoned_workspaces()
     temp_dir = tempfile.gettempdir()
     with translated_os_errors(temp_dir, "creating a checkpoint workspace (TMPDIR) in"):
-        while True:
-            directory = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX))
-            fd = create_locked(_lock_file(directory))
-            if fd is not None and directory.is_dir():
-                return directory, fd
-            if fd is not None:
-                os.close(fd)
+        return make_locked_directory(Path(temp_dir), WORKSPACE_PREFIX)
 
 
 class Workspace:
@@ -72,7 +61,7 @@ class Workspace:
         self.ensure_open()
         if self._directory is None:
             self._directory, lock_fd = _create_locked_workspace()
-            self._finalizer = weakref.finalize(self, _release, str(self._directory), lock_fd)
+            self._finalizer = weakref.finalize(self, release_locked_directory, str(self._directory), lock_fd)
         self._directory.mkdir(parents=True, exist_ok=True)
         return self.keep_alive(self._directory)
 
@@ -97,15 +86,6 @@ class Workspace:
         self._closed = True
         if self._finalizer is not None:
             self._finalizer()
-
-
-def _release(directory: str, lock_fd: int) -> None:
-    try:
-        remove_owned_tree(directory)
-        with contextlib.suppress(OSError):
-            os.unlink(directory + LOCK_SUFFIX)
-    finally:
-        os.close(lock_fd)
 
 
 class WorkspacePath(PosixPath):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from flyte_checkpoint.errors import (
     InvalidCheckpointInputError,
     UnsupportedTypeError,
 )
+from flyte_checkpoint.lockfiles import locked_scratch_directory
 from flyte_checkpoint.progress import CombinedProgress, ProgressCallback, combined, log_transfer
 from flyte_checkpoint.state import acks as storage_acks
 from flyte_checkpoint.state.commit import (
@@ -185,7 +185,7 @@ class StateCheckpoint:
         targets = _targets(controller, parts)
         user_metadata = checked_metadata(metadata)
         deadline = self._deadline()
-        with tempfile.TemporaryDirectory(prefix="flyte-cp-state-") as scratch:
+        with locked_scratch_directory("flyte-cp-state-") as scratch:
             # Prepare: one consistent snapshot of every component, before any byte is written.
             with held(lock, deadline, NOTHING_SAVED):
                 payloads = [_capture(target, self._serializer, Path(scratch)) for target in targets]
@@ -328,7 +328,7 @@ class StateCheckpoint:
         index, _ = resolve_position(position, world_size)
         deadline = self._deadline()
         try:
-            with tempfile.TemporaryDirectory(prefix="flyte-cp-state-") as scratch:
+            with locked_scratch_directory("flyte-cp-state-") as scratch:
                 # The component's own exception propagates unchanged: this process is its owner.
                 payload = payload_of(
                     data,
@@ -428,7 +428,7 @@ class StateCheckpoint:
         def store() -> Stored:
             record: PartRecord | None = None
             if controller is not None:
-                with tempfile.TemporaryDirectory(prefix="flyte-cp-state-") as scratch:
+                with locked_scratch_directory("flyte-cp-state-") as scratch:
                     try:
                         payload = payload_of(
                             controller,

@@ -27,7 +27,6 @@ This module imports ``ray``; the rest of the package never does (install the ``r
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
 import threading
@@ -43,6 +42,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError, RayTaskError
 
 from flyte_checkpoint.errors import CheckpointError, UnsupportedTypeError, add_context
+from flyte_checkpoint.lockfiles import make_locked_directory, release_locked_directory, sweep_abandoned
 from flyte_checkpoint.state.commit import NOTHING_COMMITTED, Stored, commit_parts, store_controller
 from flyte_checkpoint.state.components import (
     ComponentKind,
@@ -62,7 +62,6 @@ from flyte_checkpoint.state.restore import NOTHING_RESTORED, Staged, Target, che
 from flyte_checkpoint.state.waiting import LockLike, held
 from flyte_checkpoint.storage.options import TransferSettings
 from flyte_checkpoint.timebounds import Deadline
-from flyte_checkpoint.tree_removal import remove_tree
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -368,17 +367,21 @@ class _Held:
     """What one component keeps between the calls of one operation, in its own process."""
 
     scratch: Path
+    lock_fd: int
     kind: ComponentKind
     expires: float
     payload: Payload | None = None
     staged: Staged | None = None
     prior: Payload | None = None
+    closed: bool = False
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            remove_tree(str(self.scratch))
+        if not self.closed:  # the descriptor's number may be reused once it is closed
+            self.closed = True
+            release_locked_directory(str(self.scratch), self.lock_fd)
 
 
+_SCRATCH_PREFIX = "flyte-cp-ray-"
 _held: dict[tuple[str, int | None], _Held] = {}
 _held_lock = threading.Lock()
 
@@ -387,7 +390,9 @@ def _hold(token: str, position: int | None, component: object, checkpoint: Actor
     """A fresh entry for this operation; entries of operations whose driver vanished expire."""
     kind = kind_of(component, label_of(position))
     now = time.monotonic()
-    entry = _Held(Path(tempfile.mkdtemp(prefix="flyte-cp-ray-")), kind, now + checkpoint.timeout)
+    temp = Path(tempfile.gettempdir())
+    sweep_abandoned(temp, _SCRATCH_PREFIX)  # scratch of actors killed while they held some
+    entry = _Held(*make_locked_directory(temp, _SCRATCH_PREFIX), kind, now + checkpoint.timeout)
     with _held_lock:
         expired = [key for key, value in _held.items() if value.expires < now]
         stale = [_held.pop(key) for key in expired]

@@ -9,7 +9,6 @@ component, the failing one too, to exactly what it held before the load.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +21,7 @@ from flyte_checkpoint.errors import (
     UntrustedContentError,
     add_context,
 )
+from flyte_checkpoint.lockfiles import locked_scratch_directory
 from flyte_checkpoint.progress import ProgressCallback, combined
 from flyte_checkpoint.state.components import (
     BYTES_ENCODING,
@@ -79,7 +79,7 @@ def load_into(
     ``version_id`` pins the version (it must still be the committed one); otherwise a load that
     a concurrent commit overtook starts over on the new version. Returns the applied manifest.
     """
-    with tempfile.TemporaryDirectory(prefix="flyte-cp-state-") as scratch:
+    with locked_scratch_directory("flyte-cp-state-") as scratch:
 
         def check_and_stage(manifest: Manifest) -> list[Staged]:
             check(manifest)

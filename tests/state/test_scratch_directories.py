@@ -1,0 +1,85 @@
+"""State saves and loads stage components in scratch directories under TMPDIR: none outlives
+the operation, and one left by a process killed in the middle is removed by the next."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from flyte_checkpoint.state import load_checkpoint, save_checkpoint
+from tests.state.workers import Controller, Unit
+
+LEAVE_A_SCRATCH_AND_DIE = """
+import os, sys
+from pathlib import Path
+from flyte_checkpoint.lockfiles import make_locked_directory
+directory, _ = make_locked_directory(Path(sys.argv[1]), "flyte-cp-state-")
+(directory / "part-0").write_bytes(b"captured")
+print(directory, flush=True)
+os._exit(0)  # as a SIGKILL would: no cleanup runs
+"""
+
+HOLD_A_SCRATCH = """
+import sys
+from pathlib import Path
+from flyte_checkpoint.lockfiles import make_locked_directory
+directory, _ = make_locked_directory(Path(sys.argv[1]), "flyte-cp-state-")
+print(directory, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    temp = tmp_path / "tmpdir"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    return temp
+
+
+def save_and_load(checkpoint_dir: Path) -> None:
+    save_checkpoint(str(checkpoint_dir), controller=Controller({1}, step=1), parts=[Unit({1: "one"})])
+    load_checkpoint(str(checkpoint_dir), controller=Controller(), parts=[Unit()])
+
+
+def test_a_save_and_a_load_leave_nothing_in_tmpdir(private_tmpdir: Path, tmp_path: Path) -> None:
+    save_and_load(tmp_path / "ckpt")
+    assert list(private_tmpdir.iterdir()) == []
+
+
+def test_the_scratch_of_a_killed_process_is_removed_by_the_next_save(
+    private_tmpdir: Path, tmp_path: Path
+) -> None:
+    left = subprocess.run(
+        [sys.executable, "-c", LEAVE_A_SCRATCH_AND_DIE, str(private_tmpdir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert Path(left).is_dir()
+    save_and_load(tmp_path / "ckpt")
+    assert list(private_tmpdir.iterdir()) == []
+
+
+def test_the_scratch_of_a_live_process_is_left_alone(private_tmpdir: Path, tmp_path: Path) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_SCRATCH, str(private_tmpdir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdout is not None
+        assert holder.stdin is not None
+        held = Path(holder.stdout.readline().strip())
+        try:
+            save_and_load(tmp_path / "ckpt")
+            assert held.is_dir()
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=60)
