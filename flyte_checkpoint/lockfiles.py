@@ -139,9 +139,11 @@ def is_snapshot_scratch(path: str) -> bool:
 def make_locked_directory(parent: Path, prefix: str) -> tuple[Path, int]:
     """A new directory ``prefix*`` in ``parent`` and the descriptor of its held lock file.
 
-    :func:`sweep_abandoned` with the same ``parent`` and prefix removes the directory once the
-    process holding the lock has died; :func:`release_locked_directory` removes it before.
+    First removes the ``prefix*`` directories of ``parent`` whose process died holding them
+    (:func:`sweep_abandoned`), so each new one clears what killed processes left;
+    :func:`release_locked_directory` removes this one while its process lives.
     """
+    sweep_abandoned(parent, prefix)
     while True:
         directory = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         fd = create_locked(directory.with_name(directory.name + LOCK_SUFFIX))
@@ -168,9 +170,7 @@ def locked_scratch_directory(prefix: str) -> Iterator[Path]:
     Unlike :class:`tempfile.TemporaryDirectory`, one left by a process killed inside the block
     (SIGKILL, the OOM killer) is removed by the next call with the same prefix, in any process.
     """
-    parent = Path(tempfile.gettempdir())
-    sweep_abandoned(parent, prefix)
-    directory, lock_fd = make_locked_directory(parent, prefix)
+    directory, lock_fd = make_locked_directory(Path(tempfile.gettempdir()), prefix)
     try:
         yield directory
     finally:

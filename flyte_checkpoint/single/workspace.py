@@ -27,8 +27,7 @@ def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
 
 
 def _create_locked_workspace() -> tuple[Path, int]:
-    """A new workspace directory and the descriptor holding its lock."""
-    sweep_abandoned_workspaces()
+    """A new workspace directory and the descriptor holding its lock (abandoned ones swept)."""
     temp_dir = tempfile.gettempdir()
     with translated_os_errors(temp_dir, "creating a checkpoint workspace (TMPDIR) in"):
         return make_locked_directory(Path(temp_dir), WORKSPACE_PREFIX)

@@ -42,7 +42,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError, RayTaskError
 
 from flyte_checkpoint.errors import CheckpointError, UnsupportedTypeError, add_context
-from flyte_checkpoint.lockfiles import make_locked_directory, release_locked_directory, sweep_abandoned
+from flyte_checkpoint.lockfiles import make_locked_directory, release_locked_directory
 from flyte_checkpoint.state.commit import NOTHING_COMMITTED, Stored, commit_parts, store_controller
 from flyte_checkpoint.state.components import (
     ComponentKind,
@@ -390,9 +390,8 @@ def _hold(token: str, position: int | None, component: object, checkpoint: Actor
     """A fresh entry for this operation; entries of operations whose driver vanished expire."""
     kind = kind_of(component, label_of(position))
     now = time.monotonic()
-    temp = Path(tempfile.gettempdir())
-    sweep_abandoned(temp, _SCRATCH_PREFIX)  # scratch of actors killed while they held some
-    entry = _Held(*make_locked_directory(temp, _SCRATCH_PREFIX), kind, now + checkpoint.timeout)
+    scratch = make_locked_directory(Path(tempfile.gettempdir()), _SCRATCH_PREFIX)
+    entry = _Held(*scratch, kind, now + checkpoint.timeout)
     with _held_lock:
         expired = [key for key, value in _held.items() if value.expires < now]
         stale = [_held.pop(key) for key in expired]
