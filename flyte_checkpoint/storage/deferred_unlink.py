@@ -37,7 +37,8 @@ def retire(dest: Path) -> Path | None:
 
 
 def release(retired: Path) -> None:
-    """Unlink ``retired`` in the background (at exit at the latest)."""
+    """Unlink ``retired`` (a name from :func:`retire`, so held already) in the background, at
+    exit at the latest."""
     _REAPER.put(retired)
 
 
@@ -76,7 +77,6 @@ class _Reaper:
             self._held.discard(path)
 
     def put(self, path: Path) -> None:
-        self.hold(path)
         self._queue.put(path)
         with self._lock:
             if self._thread is None:

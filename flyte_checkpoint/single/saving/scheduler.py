@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from flyte_checkpoint import archive
 from flyte_checkpoint.errors import PreemptionDeadlineError
@@ -245,19 +246,21 @@ def _shielded(save: Callable[[], None], uri: str) -> None:
         if not _deferring(lambda: began.wait(_BEGIN_SECONDS), kept, uri):
             raise
         _say_deferred(raised, uri)
-    _deferring(lambda: bool(concurrent.futures.wait([outcome]).done), kept, uri)
+    _deferring(lambda: concurrent.futures.wait([outcome]), kept, uri)
     if kept:
         raise kept[0]
     outcome.result()
 
+
+T = TypeVar("T")
 
 _BEGIN_SECONDS = 10.0
 """How long a started final-save thread may take to run its first line (a loaded machine's
 scheduling delay, with a wide margin) before an interrupted start is taken to have failed."""
 
 
-def _deferring(wait: Callable[[], bool], kept: list[BaseException], uri: str) -> bool:
-    """Call ``wait`` until it returns, keeping what signal handlers raise into it meanwhile."""
+def _deferring(wait: Callable[[], T], kept: list[BaseException], uri: str) -> T:
+    """``wait()``, called again until it returns, keeping what signal handlers raise into it."""
     while True:
         try:
             return wait()
