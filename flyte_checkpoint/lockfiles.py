@@ -146,7 +146,12 @@ def make_locked_directory(parent: Path, prefix: str) -> tuple[Path, int]:
     sweep_abandoned(parent, prefix)
     while True:
         directory = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-        fd = create_locked(directory.with_name(directory.name + LOCK_SUFFIX))
+        try:
+            fd = create_locked(directory.with_name(directory.name + LOCK_SUFFIX))
+        except BaseException:  # a full TMPDIR, say: without its lock no sweep would remove it
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+            raise
         if fd is not None and directory.is_dir():
             return directory, fd
         if fd is not None:

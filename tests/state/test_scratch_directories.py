@@ -3,6 +3,7 @@ the operation, and one left by a process killed in the middle is removed by the 
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from flyte_checkpoint import lockfiles
 from flyte_checkpoint.state import load_checkpoint, save_checkpoint
 from tests.state.workers import Controller, Unit
 
@@ -83,3 +85,15 @@ def test_the_scratch_of_a_live_process_is_left_alone(private_tmpdir: Path, tmp_p
         finally:
             holder.stdin.close()
             holder.wait(timeout=60)
+
+
+def test_a_scratch_whose_lock_file_cannot_be_made_is_not_left_behind(
+    private_tmpdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(path: Path, mode: int = 0o600) -> int | None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(lockfiles, "create_locked", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        save_and_load(tmp_path / "ckpt")
+    assert list(private_tmpdir.iterdir()) == []
