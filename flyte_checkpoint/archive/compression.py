@@ -81,7 +81,7 @@ def _usable_cores() -> int:
 
 
 @contextlib.contextmanager
-def gzip_writer(sink: IO[bytes], level: int, threads: int | None = None) -> Iterator[IO[bytes]]:
+def gzip_writer(sink: IO[bytes], level: int, threads: int | None = None) -> Iterator[MemberWriter]:
     """An indexed gzip stream over ``sink``; ``level`` 0 stores, 1 is fastest, 9 compresses most.
 
     It inflates to what was written followed by :data:`~.members.TAIL_CONTENT` zero bytes (the
@@ -96,7 +96,7 @@ def gzip_writer(sink: IO[bytes], level: int, threads: int | None = None) -> Iter
         raise ValueError(f"compression level must be 0 (store) to 9, got {level}")
     writer = MemberWriter(sink, level, compression_threads(threads))
     try:
-        yield cast(IO[bytes], writer)
+        yield writer
     except BaseException:
         writer.abandon()
         raise

@@ -85,16 +85,61 @@ def _header(kind: int, extra: bytes, body_length: int) -> bytes:
     )
 
 
-def _stored(block: bytes | memoryview) -> Parts:
+def _stored(block: bytes) -> bytes:
     """``block`` as stored deflate blocks (no compression), the last one final."""
-    view = memoryview(block)
-    parts: Parts = []
-    for start in range(0, max(len(view), 1), _STORED_MAX):
-        chunk = view[start : start + _STORED_MAX]
-        final = start + _STORED_MAX >= len(view)
-        parts.append(struct.pack("<BHH", final, len(chunk), len(chunk) ^ 0xFFFF))
-        parts.append(chunk)
-    return parts
+    buffer = memoryview(bytearray(laid_out_size(len(block))))
+    place(buffer, len(block), 0, block)
+    return bytes(_frame_stored(buffer, len(block)))
+
+
+_STORED_HEADER = struct.Struct("<BHH")  # BFINAL and BTYPE 00, LEN, NLEN
+_STORED_SPAN = _STORED_HEADER.size + _STORED_MAX
+
+
+def laid_out_size(size: int) -> int:
+    """Bytes of a buffer that holds ``size`` bytes of content as :func:`place` lays them out."""
+    return size + _STORED_HEADER.size * max(1, -(-size // _STORED_MAX))
+
+
+def content_views(buffer: memoryview, size: int) -> list[memoryview]:
+    """Where the ``size`` bytes of a block's content go in ``buffer``: 65,535 at a time, each
+    after room for a stored deflate block's header, so that storing the block needs no copy."""
+    starts = (number * _STORED_SPAN + _STORED_HEADER.size for number in range(-(-size // _STORED_MAX)))
+    return [
+        buffer[at : at + min(_STORED_MAX, size - done)]
+        for done, at in zip(range(0, size, _STORED_MAX), starts, strict=True)
+    ]
+
+
+def place(buffer: memoryview, size: int, offset: int, data: bytes | memoryview) -> None:
+    """Copy ``data`` to content offset ``offset`` of the block of ``size`` bytes in ``buffer``."""
+    for view, start in spans(buffer, size, offset, len(data)):
+        view[:] = data[start : start + len(view)]
+
+
+def spans(buffer: memoryview, size: int, offset: int, length: int) -> list[tuple[memoryview, int]]:
+    """The views of ``buffer`` that hold content bytes ``offset`` to ``offset + length`` of the
+    block of ``size`` bytes, each with where it starts in that range."""
+    found: list[tuple[memoryview, int]] = []
+    if not length:
+        return found
+    first, last = offset // _STORED_MAX, (offset + length - 1) // _STORED_MAX
+    for number in range(first, last + 1):
+        start = max(offset, number * _STORED_MAX)
+        end = min(offset + length, (number + 1) * _STORED_MAX, size)
+        at = number * _STORED_SPAN + _STORED_HEADER.size + start - number * _STORED_MAX
+        found.append((buffer[at : at + end - start], start - offset))
+    return found
+
+
+def _frame_stored(buffer: memoryview, size: int) -> memoryview:
+    """The stored deflate blocks of the content laid out in ``buffer``, their headers written
+    into the room left for them: one view, no copy."""
+    views = content_views(buffer, size) or [buffer[_STORED_HEADER.size : _STORED_HEADER.size]]
+    for number, view in enumerate(views):
+        final = number == len(views) - 1
+        _STORED_HEADER.pack_into(buffer, number * _STORED_SPAN, final, len(view), len(view) ^ 0xFFFF)
+    return buffer[: laid_out_size(size)]
 
 
 _compressors = threading.local()
@@ -111,7 +156,7 @@ def _isal_level(level: int) -> int:
     return 2 if level <= 6 else 3
 
 
-def _deflate(block: bytes, level: int) -> tuple[bytes, int]:
+def _deflate(block: bytes | memoryview, level: int) -> tuple[bytes, int]:
     """Raw deflate of ``block`` ending in a final block, and its CRC-32; releases the GIL."""
     if _isal_zlib is None:
         return _zlib_deflate(block, level), zlib.crc32(block)
@@ -125,45 +170,61 @@ def _deflate(block: bytes, level: int) -> tuple[bytes, int]:
     return deflated + _EMPTY_DEFLATE, crc  # its output ends in a sync flush, not a final block
 
 
-def _zlib_deflate(data: bytes, level: int) -> bytes:
+def _zlib_deflate(data: bytes | memoryview, level: int) -> bytes:
     deflater = zlib.compressobj(level, zlib.DEFLATED, -15)
     return deflater.compress(data) + deflater.flush()
 
 
-def _crc32(data: bytes | memoryview) -> int:
-    return int(_isal_zlib.crc32(data)) if _isal_zlib is not None else zlib.crc32(data)
+def _crc32(data: bytes | memoryview, start: int = 0) -> int:
+    return int(_isal_zlib.crc32(data, start)) if _isal_zlib is not None else zlib.crc32(data, start)
 
 
-def worth_compressing(block: bytes, level: int) -> bool:
-    """Whether deflate at ``level`` shrinks ``block`` by more than ``1 - STORE_ABOVE``, judged
-    from three windows (start, middle, end): weights and already-compressed files are not."""
+def worth_compressing(block: bytes | memoryview | list[memoryview], level: int) -> bool:
+    """Whether deflate at ``level`` shrinks a block by more than ``1 - STORE_ABOVE``, judged
+    from three windows (start, middle, end): weights and already-compressed files are not.
+    ``block`` is its content, or the :func:`content_views` it is laid out in."""
     if level == 0:
         return False
-    if len(block) <= 3 * SAMPLE:
-        windows = [block]
-    else:
-        middle = (len(block) - SAMPLE) // 2
-        windows = [block[:SAMPLE], block[middle : middle + SAMPLE], block[-SAMPLE:]]
+    views = block if isinstance(block, list) else [memoryview(block)]
+    size = sum(len(view) for view in views)
+    if size <= 3 * SAMPLE:
+        sample = b"".join(views)
+    else:  # each window from within one view (a view holds 65,535 bytes or the whole block)
+        middle = views[len(views) // 2]
+        if len(views) == 1:
+            middle = middle[(size - SAMPLE) // 2 :]
+        sample = b"".join((views[0][:SAMPLE], middle[:SAMPLE], views[-1][-SAMPLE:]))
+    # One call for the three windows: deflate's set-up per call costs as much as a window.
     if _isal_zlib is not None:
-        deflated = sum(len(_isal_zlib.compress(w, _isal_level(level), wbits=-15)) for w in windows)
+        deflated = len(_isal_zlib.compress(sample, _isal_level(level), wbits=-15))
     else:
-        deflated = sum(len(_zlib_deflate(w, level)) for w in windows)
-    return deflated < STORE_ABOVE * sum(len(w) for w in windows)
+        deflated = len(_zlib_deflate(sample, level))
+    return deflated < STORE_ABOVE * len(sample)
 
 
-def encode_data(block: bytes, level: int) -> Parts:
-    """One data member holding ``block`` (at most :data:`BLOCK` bytes), in parts to be written in
-    order (a stored block's parts are views of ``block``: no copy); the last part is the 8-byte
-    trailer. Deflated at ``level`` when that is worth it (:func:`worth_compressing`), else stored."""
-    body: Parts
-    if worth_compressing(block, level):
-        deflated, crc = _deflate(block, level)
-        body = [deflated]
+def encode_data(block: bytes | memoryview, level: int) -> Parts:
+    """One data member holding ``block`` (at most :data:`BLOCK` bytes): see :func:`encode_laid_out`."""
+    buffer = memoryview(bytearray(laid_out_size(len(block))))
+    place(buffer, len(block), 0, block)
+    return encode_laid_out(buffer, len(block), level)
+
+
+def encode_laid_out(buffer: memoryview, size: int, level: int) -> Parts:
+    """One data member holding the block of ``size`` bytes (at most :data:`BLOCK`, at least 1)
+    laid out in ``buffer`` by :func:`place`, in parts to be written in order; the last part is
+    the 8-byte trailer. Deflated at ``level`` when that is worth it (:func:`worth_compressing`),
+    else stored, as one view of ``buffer``: it must not change until the parts are written."""
+    views = content_views(buffer, size)
+    body: bytes | memoryview
+    if worth_compressing(views, level):
+        body, crc = _deflate(b"".join(views), level)
     else:
-        body, crc = _stored(block), _crc32(block)
-    trailer = _TRAILER.pack(crc, len(block) & 0xFFFFFFFF)
-    body_length = sum(len(part) for part in body) + len(trailer)
-    return [_header(KIND_DATA, _DATA.pack(len(block)), body_length), *body, trailer]
+        crc = 0
+        for view in views:
+            crc = _crc32(view, crc)
+        body = _frame_stored(buffer, size)
+    trailer = _TRAILER.pack(crc, size & 0xFFFFFFFF)
+    return [_header(KIND_DATA, _DATA.pack(size), len(body) + len(trailer)), body, trailer]
 
 
 def _fixed_body(kind: int) -> bytes:
@@ -173,7 +234,7 @@ def _fixed_body(kind: int) -> bytes:
     if kind == KIND_INDEX:
         return _EMPTY_DEFLATE + _TRAILER.pack(0, 0)
     content = bytes(TAIL_CONTENT)
-    return b"".join((*_stored(content), _TRAILER.pack(_crc32(content), len(content))))
+    return _stored(content) + _TRAILER.pack(_crc32(content), len(content))
 
 
 TAIL_CONTENT = 512
@@ -262,6 +323,30 @@ def is_stored(rest: bytes, frame_: Frame) -> bool:
     is a copy and a CRC, cheaper than handing it to another thread."""
     start = frame_.header_length - HEADER_PREFIX
     return len(rest) > start and rest[start] & 0b110 == 0
+
+
+def stored_content(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] | None:
+    """The content of a stored data member laid out as this package writes one (every stored
+    deflate block but the last holds 65,535 bytes), as views of ``rest`` (as for
+    :func:`declared_size`): no copy. Its block headers, size and CRC-32 are checked first;
+    a member laid out any other way is ``None``, for :func:`decode_data` to inflate."""
+    declared = declared_size(rest)
+    body = memoryview(rest)[frame_.header_length - HEADER_PREFIX : len(rest) - _TRAILER.size]
+    if not 0 < declared <= BLOCK or len(body) != laid_out_size(declared):
+        return None
+    views = content_views(body, declared)
+    for number, view in enumerate(views):
+        final = number == len(views) - 1
+        if _STORED_HEADER.unpack_from(body, number * _STORED_SPAN) != (final, len(view), len(view) ^ 0xFFFF):
+            return None
+    crc = 0
+    for view in views:
+        crc = _crc32(view, crc)
+    if _TRAILER.unpack_from(rest, len(rest) - _TRAILER.size) != (crc, declared & 0xFFFFFFFF):
+        raise ArchiveIndexError(
+            f"damaged archive: the data member at byte {offset} fails its CRC-32 or length check"
+        )
+    return views
 
 
 def decode_data(rest: bytes, offset: int, frame_: Frame) -> bytes:

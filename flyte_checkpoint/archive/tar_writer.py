@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import struct
 import tarfile
-from typing import IO
+from typing import Protocol
 
 from flyte_checkpoint.archive.compression import CHUNK
+from flyte_checkpoint.archive.member_writer import shrank
 from flyte_checkpoint.archive.tar_headers import byte_sum
-from flyte_checkpoint.errors import InputChangedError
 
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
@@ -71,10 +71,20 @@ def _padding(size: int) -> bytes:
     return bytes(-size % _BLOCK)
 
 
-class TarWriter:
-    """Writes members to ``out`` (an open, usually compressing, stream), buffering about a MiB."""
+class TarSink(Protocol):
+    """Where a tar stream goes: bytes, and large files' descriptors to be read by the sink
+    (:class:`~.member_writer.MemberWriter` reads them on its encoding threads)."""
 
-    def __init__(self, out: IO[bytes]) -> None:
+    def write(self, data: bytes, /) -> int: ...
+
+    def write_file(self, fd: int, path: str, size: int) -> None:
+        """Take the open file ``fd`` and write its first ``size`` bytes; closes ``fd``."""
+
+
+class TarWriter:
+    """Writes members to ``out``, buffering about a MiB."""
+
+    def __init__(self, out: TarSink) -> None:
         self._out = out
         self._parts: list[bytes] = []
         self._buffered = 0
@@ -151,38 +161,25 @@ class TarWriter:
                 self._put(self._headers(name, status, tarfile.LNKTYPE, 0, first))
                 return
             self._linked[inode] = os.fsencode(name)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            size = status.st_size
-            headers = self._headers(name, status, tarfile.REGTYPE, size)
-            if size <= _SMALL_FILE:
-                data = os.read(fd, size)
-                while len(data) < size and (more := os.read(fd, size - len(data))):
-                    data += more
-                self._check_length(path, len(data), size)
-                self._put(b"".join((headers, data, _padding(size))))
-                return
-            self._put(headers)
+        size = status.st_size
+        if size > _SMALL_FILE:
+            self._put(self._headers(name, status, tarfile.REGTYPE, size))
             self._flush()
-            left = size
-            while left and (chunk := os.read(fd, min(left, CHUNK))):
-                self._out.write(chunk)
-                left -= len(chunk)
-            self._check_length(path, size - left, size)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._out.write_file(fd, path, size)  # takes fd; read on the encoding threads
             self._written += size
             self._put(_padding(size))
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, size)
+            while len(data) < size and (more := os.read(fd, size - len(data))):
+                data += more
         finally:
             os.close(fd)
-
-    @staticmethod
-    def _check_length(path: str, got: int, size: int) -> None:
-        # A file that grows is stored with the size it had when listed (as tar does); one that
-        # shrinks cannot fill the size its header already declared.
-        if got < size:
-            raise InputChangedError(
-                f"{path} shrank from {size} to {got} bytes while it was being saved, so the save "
-                "was abandoned; write new files and rename them, or save when nothing writes"
-            )
+        if len(data) < size:
+            raise shrank(path, size, len(data))
+        self._put(b"".join((self._headers(name, status, tarfile.REGTYPE, size), data, _padding(size))))
 
     def close(self) -> None:
         """Write the end-of-archive blocks (padded to a whole record, as tar does) and flush."""

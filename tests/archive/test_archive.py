@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from flyte_checkpoint import Checkpoint, InvalidCheckpointInputError, archive
 from flyte_checkpoint.archive import ExtractionLimits, pack_directory, sniff_kind, unpack_archive
+from flyte_checkpoint.archive.compression import gzip_writer
 from flyte_checkpoint.archive.tar_writer import TarWriter
 from flyte_checkpoint.errors import (
     ArchiveLimitError,
@@ -185,14 +186,62 @@ def test_packing_many_small_files_keeps_no_memory_per_file(tmp_path: Path) -> No
     assert many - few < 3 << 20, f"12,000 more files took {(many - few) / (1 << 20):.1f} MiB more"
 
 
+def listed_at(path: Path, size: int) -> os.stat_result:
+    """``path``'s status as if it had been ``size`` bytes when the tree was listed."""
+    status = os.lstat(path)
+    extra = {key: getattr(status, key) for key in ("st_mtime", "st_mtime_ns", "st_atime_ns", "st_ctime_ns")}
+    return os.stat_result((*status[:6], size, *status[7:]), extra)
+
+
+def pack_one_file(path: Path, status: os.stat_result) -> None:
+    with gzip_writer(io.BytesIO(), 1, threads=2) as out:
+        writer = TarWriter(out)
+        writer.add_file("f", str(path), status)
+        writer.close()
+
+
+def open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
 def test_a_file_that_shrinks_while_it_is_packed_is_an_input_change(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"short")
-    status = os.lstat(tmp_path / "f")
-    extra = {key: getattr(status, key) for key in ("st_mtime", "st_mtime_ns", "st_atime_ns", "st_ctime_ns")}
-    listed = os.stat_result((*status[:6], 1000, *status[7:]), extra)  # as listed: 1000 bytes
-    writer = TarWriter(io.BytesIO())
     with pytest.raises(InputChangedError, match="shrank from 1000 to 5 bytes"):
-        writer.add_file("f", str(tmp_path / "f"), listed)
+        pack_one_file(tmp_path / "f", listed_at(tmp_path / "f", 1000))
+
+
+def test_a_large_file_that_shrinks_while_the_encoding_threads_read_it_is_an_input_change(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "f").write_bytes(os.urandom(3 << 20))
+    with pytest.raises(InputChangedError, match=f"shrank from {5 << 20} to {3 << 20} bytes"):
+        pack_one_file(tmp_path / "f", listed_at(tmp_path / "f", 5 << 20))
+
+
+def test_a_large_file_that_grows_while_it_is_packed_is_stored_at_its_listed_size(tmp_path: Path) -> None:
+    content = os.urandom(3 << 20)
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "f").write_bytes(content)
+    sink = io.BytesIO()
+    with gzip_writer(sink, 1, threads=2) as out:
+        writer = TarWriter(out)
+        writer.add_file("f", str(tmp_path / "tree" / "f"), listed_at(tmp_path / "tree" / "f", 2 << 20))
+        writer.close()
+    restored = unpacked(sink.getvalue(), tmp_path / "restored")
+    assert (restored / "f").read_bytes() == content[: 2 << 20]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors through /proc")
+def test_packing_closes_every_file_it_opened_when_it_finishes_and_when_it_fails(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for number in range(6):
+        (tree / f"w{number}").write_bytes(os.urandom((1 << 20) + 4096 * number))
+    before = open_descriptors()
+    packed(tree)
+    with pytest.raises(InputChangedError):
+        pack_one_file(tree / "w5", listed_at(tree / "w5", 9 << 20))
+    assert open_descriptors() == before
 
 
 # ---------------------------------------------------------------------------------------------
