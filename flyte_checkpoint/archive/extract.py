@@ -221,10 +221,11 @@ class _Extractor:
             fd = os.open(path, flags, 0o600)
         file = self.writes.start(fd, entry.size, safe_file_mode(entry.mode), entry.mtime)
         offset = 0
-        while chunk := reader.read_data(CHUNK):
-            self.writes.write(file, chunk, offset)
-            offset += len(chunk)
-            self.counter.unpacked_bytes(len(chunk), entry.name)
+        while parts := reader.read_data(CHUNK):
+            size = sum(len(part) for part in parts)
+            self.writes.write(file, parts, offset)
+            offset += size
+            self.counter.unpacked_bytes(size, entry.name)
         self.writes.end(file)
         self.files.add(name)
 

@@ -81,17 +81,19 @@ class FileWrites:
         self._open.add(fd)
         return OpenFile(fd, size, mode, mtime)
 
-    def write(self, file: OpenFile, chunk: bytes, offset: int) -> None:
-        """Write ``chunk`` at ``offset`` of ``file`` (a hole when it is all zeros, see :data:`HOLE_FROM`)."""
-        if _all_zeros(chunk):
+    def write(self, file: OpenFile, parts: list[bytes | memoryview], offset: int) -> None:
+        """Write ``parts``, in order, at ``offset`` of ``file``, with one call (a hole when they
+        are all zeros, see :data:`HOLE_FROM`). They must not change until the write is done."""
+        size = sum(len(part) for part in parts)
+        if size >= HOLE_FROM and all(_all_zeros(part) for part in parts):
             file.holes = True
             return
-        if self._pool is None or len(chunk) < POOLED_FROM:
-            _write_all(file.fd, chunk, offset)
+        if self._pool is None or size < POOLED_FROM:
+            _write_all(file.fd, parts, offset)
             return
         while len(self._in_flight) >= self._ahead:
             self._in_flight.popleft().result()
-        future = self._pool.submit(_write_all, file.fd, chunk, offset)
+        future = self._pool.submit(_write_all, file.fd, parts, offset)
         self._in_flight.append(future)
         file.pending.append(future)
 
@@ -140,18 +142,25 @@ class FileWrites:
         os.close(file.fd)
 
 
-def _all_zeros(chunk: bytes) -> bool:
-    # The ends first: most data is not zeros, and then this costs no copy of a chunk.
-    return (
-        HOLE_FROM <= len(chunk) <= len(_ZEROS)
-        and chunk[0] == chunk[-1] == 0
-        and chunk == _ZEROS[: len(chunk)]
-    )
+def _all_zeros(part: bytes | memoryview) -> bool:
+    # The ends first: most data is not zeros. startswith compares with memcmp, where == on a
+    # memoryview compares byte by byte.
+    return len(part) <= len(_ZEROS) and part[0] == part[-1] == 0 and _ZEROS.startswith(part)
 
 
-def _write_all(fd: int, chunk: bytes, offset: int) -> None:
-    view = memoryview(chunk)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
+def _write_all(fd: int, parts: list[bytes | memoryview], offset: int) -> None:
+    views = [memoryview(part) for part in parts]
+    while views:
+        written = _pwrite_from(fd, views, offset)
         offset += written
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if written:
+            views[0] = views[0][written:]
+
+
+def _pwrite_from(fd: int, views: list[memoryview], offset: int) -> int:
+    if hasattr(os, "pwritev"):
+        return os.pwritev(fd, views, offset)  # one call writes every part
+    return os.pwrite(fd, views[0], offset)  # pragma: no cover - platforms without pwritev

@@ -1,8 +1,10 @@
 """Reading an indexed ``.tar.gz``: members inflated on a pool of threads, read back in order.
 
 The caller's thread reads the object as a stream (so the store's digest still covers every
-byte), splits it into members by the lengths their headers declare, hands each data member to
-the pool and returns the inflated blocks in order, at most ``threads + 1`` members ahead. The
+byte), splits it into members by the lengths their headers declare, hands each deflated data
+member to the pool and returns the inflated blocks in order, at most ``threads + 1`` members
+ahead. A stored member laid out as this package writes one is not copied at all: its content
+is handed on as views of the member as read, once its CRC-32 is checked. The
 extraction that consumes the blocks is the same as the streaming path's, with every safety
 check it makes.
 
@@ -44,9 +46,8 @@ class IndexedReader(io.RawIOBase):
         )
         self._pool = pool or self._own_pool
         self._ahead = threads + 1
-        self._pending: deque[Future[bytes] | bytes] = deque()
-        self._block = b""
-        self._position = 0
+        self._pending: deque[Future[bytes] | bytes | list[memoryview]] = deque()
+        self._pieces: deque[bytes | memoryview] = deque()
         self._seen: list[tuple[int, int]] = []
         self._listed: list[tuple[int, int]] = []
         self._index_offset: int | None = None
@@ -56,25 +57,31 @@ class IndexedReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.read(len(memoryview(buffer).cast("B")))
+        data = self.read_view(len(memoryview(buffer).cast("B")))
         memoryview(buffer).cast("B")[: len(data)] = data
         return len(data)
 
     def read(self, size: int | None = -1) -> bytes:
-        """Up to ``size`` bytes (a whole decoded block without copying it when it fits)."""
-        while self._position >= len(self._block):
+        """Up to ``size`` bytes (a whole inflated block without copying it when it fits)."""
+        data = self.read_view(-1 if size is None else size)
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def read_view(self, size: int = -1) -> bytes | memoryview:
+        """Up to ``size`` bytes as the archive holds them, without copying: a whole inflated
+        block, or a view of one, or of a stored member's content; ``b""`` at the end."""
+        while not self._pieces:
             self._fill()
             if not self._pending:
                 return b""
             item = self._pending.popleft()
-            self._block = item.result() if isinstance(item, Future) else item
-            self._position = 0
-        start = self._position
-        if size is None or size < 0 or start + size >= len(self._block):
-            self._position = len(self._block)
-            return self._block if start == 0 else self._block[start:]
-        self._position += size
-        return self._block[start : start + size]
+            content = item.result() if isinstance(item, Future) else item
+            self._pieces.extend(content if isinstance(content, list) else (content,))
+        piece = self._pieces[0]
+        if size < 0 or size >= len(piece):
+            return self._pieces.popleft()
+        view = memoryview(piece)
+        self._pieces[0] = view[size:]
+        return view[:size]
 
     def close(self) -> None:
         for item in self._pending:
@@ -160,7 +167,10 @@ class IndexedReader(io.RawIOBase):
                 f"bytes; only the last may be shorter than {members.BLOCK}"
             )
         self._seen.append((frame.length, declared))
-        if self._pool is None or members.is_stored(rest, frame):
+        stored = members.is_stored(rest, frame)
+        if stored and (views := members.stored_content(rest, start, frame)) is not None:
+            self._pending.append(views)
+        elif self._pool is None or stored:
             self._pending.append(members.decode_data(rest, start, frame))
         else:
             self._pending.append(self._pool.submit(members.decode_data, rest, start, frame))

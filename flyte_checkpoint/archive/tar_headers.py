@@ -154,6 +154,9 @@ class TarReader:
         """``padding(count)`` is told of each ``count`` zero bytes read after the end-of-archive
         block, so that they count against the caller's limits like content does."""
         self._stream = stream
+        # A stream that can hand over its bytes without copying them (IndexedReader) does, for
+        # member data: what is read is written to a file or skipped, never kept.
+        self._read_view: Callable[[int], bytes | memoryview] = getattr(stream, "read_view", stream.read)
         self._padding_read = padding
         self.position = 0
         self._global: dict[str, str] = {}
@@ -179,9 +182,10 @@ class TarReader:
 
     def _skip(self, size: int) -> None:
         while size:
-            chunk = self._read(min(size, CHUNK))
+            chunk = self._read_view(min(size, CHUNK))
             if not chunk:
                 raise self._truncated("it ends inside a member's data")
+            self.position += len(chunk)
             size -= len(chunk)
 
     def _check_only_zeros_follow(self, end: int) -> None:
@@ -215,20 +219,22 @@ class TarReader:
                 "czf of the whole tree)"
             )
 
-    def read_data(self, size: int) -> bytes:
-        """Up to ``size`` bytes of the current member's data, as the stream hands them over (a
-        read is not joined with the next: that would copy every byte once more); ``b""`` once
-        it is all read."""
+    def read_data(self, size: int) -> list[bytes | memoryview]:
+        """Up to ``size`` bytes of the current member's data, as the pieces the stream hands
+        over (they are not joined: that would copy every byte once more; where the stream can
+        hand over views of its own immutable bytes it does); ``[]`` once it is all read."""
         size = min(size, self._data_left)
-        if not size:
-            return b""
-        data = self._stream.read(size)
-        if not data:
-            name = self._current.name if self._current else "?"
-            raise self._truncated(f"member {name!r} ends early")
-        self.position += len(data)
-        self._data_left -= len(data)
-        return data
+        pieces: list[bytes | memoryview] = []
+        while size:
+            data = self._read_view(size)
+            if not data:
+                name = self._current.name if self._current else "?"
+                raise self._truncated(f"member {name!r} ends early")
+            pieces.append(data)
+            self.position += len(data)
+            self._data_left -= len(data)
+            size -= len(data)
+        return pieces
 
     def _extended(self, header: _Header, offset: int, used: int) -> bytes:
         if header.size < 0 or used + header.size > _MAX_EXTENDED_HEADER:

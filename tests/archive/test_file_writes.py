@@ -1,7 +1,7 @@
 """Extraction writes files' data on a pool of threads: the same tree, errors raised, nothing left open.
 
 The archives are real ones written by :func:`archive.pack_directory`; the only fault injected
-is a full disk on a writing thread (``os.pwrite`` raising ENOSPC), which a real disk cannot be
+is a full disk on a writing thread (``os.pwritev`` raising ENOSPC), which a real disk cannot be
 made to produce on demand part-way through one file.
 """
 
@@ -83,16 +83,16 @@ def test_a_full_disk_on_a_writing_thread_is_raised_and_leaves_nothing_open(
 ) -> None:
     data = packed(large_tree(tmp_path / "source"))
     writes = 0
-    real_pwrite = os.pwrite
+    real_pwritev = os.pwritev
 
-    def pwrite_until_full(fd: int, chunk: bytes | memoryview, offset: int) -> int:
+    def pwritev_until_full(fd: int, parts: list[memoryview], offset: int) -> int:
         nonlocal writes
         writes += 1
         if writes > 3:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_pwrite(fd, chunk, offset)
+        return real_pwritev(fd, parts, offset)
 
-    monkeypatch.setattr(os, "pwrite", pwrite_until_full)
+    monkeypatch.setattr(os, "pwritev", pwritev_until_full)
     before = open_descriptors()
     with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)) as raised:
         archive.unpack_archive(io.BytesIO(data), tmp_path / "restored", threads=2)

@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,20 @@ def test_random_blocks_are_stored_and_text_blocks_deflated() -> None:
     assert len(b"".join(members.encode_data(text_block, 1))) < members.BLOCK // 3
 
 
+def test_a_stored_member_of_ours_is_read_as_checked_views_of_itself_without_a_copy() -> None:
+    block = os.urandom(members.BLOCK - 777)
+    member = b"".join(members.encode_data(block, 1))
+    frame = members.frame(member[: members.HEADER_PREFIX], 0)
+    rest = member[members.HEADER_PREFIX :]
+    views = members.stored_content(rest, 0, frame)
+    assert views is not None
+    assert all(view.obj is rest for view in views)
+    assert b"".join(views) == block
+    damaged = rest[:-20] + bytes([rest[-20] ^ 1]) + rest[-19:]
+    with pytest.raises(ArchiveIndexError, match="fails its CRC-32"):
+        members.stored_content(damaged, 0, frame)
+
+
 def test_an_incompressible_tree_costs_no_more_than_its_size_and_text_compresses(tree: Path) -> None:
     data = packed(tree)
     weights = (tree / "weights" / "model.bin").stat().st_size
@@ -104,6 +119,19 @@ def test_standard_readers_and_tar_read_the_new_objects(tree: Path, tmp_path: Pat
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as opened:
         assert sorted(opened.getnames()) == ["empty", "log.txt", "weights", "weights/model.bin"]
     assert contents(extracted_by_tar(data, tmp_path)) == contents(tree)
+
+
+def test_files_of_every_size_around_the_block_and_stored_block_edges_read_back_by_tar(tmp_path: Path) -> None:
+    root = tmp_path / "edges"
+    root.mkdir()
+    sizes = [0, 1, 65_534, 65_535, 65_536, members.BLOCK - 1, members.BLOCK, members.BLOCK + 1]
+    sizes += [2 * members.BLOCK + 65_535 * 3 + 7, 3 * members.BLOCK - 511]
+    for number, size in enumerate(sizes):
+        (root / f"random-{number}").write_bytes(os.urandom(size))
+        (root / f"text-{number}").write_bytes((TEXT * (size // len(TEXT) + 1))[:size])
+    data = packed(root, threads=3)
+    assert contents(extracted_by_tar(data, tmp_path)) == contents(root)
+    assert unpacked(data, tmp_path / "ours") == contents(root)
 
 
 def test_a_parallel_load_equals_the_streaming_load(tree: Path, tmp_path: Path) -> None:
@@ -174,6 +202,39 @@ def test_a_data_member_that_lies_about_its_size_or_content_is_refused(tree: Path
     flipped = rewritten(data, first_length - 20, bytes([data[first_length - 20] ^ 0xFF]))
     with pytest.raises(ArchiveIndexError, match=r"data member at byte 0 (fails its CRC|does not inflate)"):
         archive.unpack_archive(io.BytesIO(flipped), tmp_path / "crc")
+
+
+def stored_in_small_blocks(block: bytes) -> bytes:
+    """A data member of ``block`` as stored deflate blocks of 1,000 bytes: valid, but not laid
+    out as this package writes stored members (65,535 bytes per block)."""
+    deflater = zlib.compressobj(0, zlib.DEFLATED, -15)
+    body = b"".join(
+        deflater.compress(block[at : at + 1000]) + deflater.flush(zlib.Z_FULL_FLUSH)
+        for at in range(0, len(block), 1000)
+    )
+    body += deflater.flush()
+    trailer = struct.pack("<II", zlib.crc32(block), len(block))
+    header = members._header(members.KIND_DATA, struct.pack("<I", len(block)), len(body) + len(trailer))
+    return header + body + trailer
+
+
+def test_a_stored_member_laid_out_by_another_writer_is_inflated_and_checked(tmp_path: Path) -> None:
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        content = os.urandom(300_000)
+        info = tarfile.TarInfo("weights.bin")
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    stream = plain.getvalue()
+    blocks = [stream[at : at + members.BLOCK] for at in range(0, len(stream), members.BLOCK)]
+    encoded = [stored_in_small_blocks(block) for block in blocks]
+    data = b"".join(encoded)
+    data += members.encode_index([(len(m), len(b)) for m, b in zip(encoded, blocks, strict=True)], len(data))
+    assert unpacked(data, tmp_path / "restored") == {"weights.bin": content}
+    flipped = bytearray(data)
+    flipped[len(encoded[0]) // 2] ^= 0xFF
+    with pytest.raises(ArchiveIndexError, match=r"data member at byte 0 (fails its CRC|does not inflate)"):
+        archive.unpack_archive(io.BytesIO(bytes(flipped)), tmp_path / "flipped")
 
 
 def test_the_zlib_fallback_writes_the_same_layout(
