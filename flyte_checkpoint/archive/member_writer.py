@@ -36,6 +36,9 @@ from flyte_checkpoint.archive.members import (
 )
 from flyte_checkpoint.errors import InputChangedError
 
+OPEN_FILES = 64
+"""Files whose ranges are still to be read, kept open at most, before the oldest block is written."""
+
 THREAD_PREFIX = "flyte-checkpoint-gzip"
 """The name prefix of the encoding threads (tests look for leftovers by it)."""
 
@@ -186,6 +189,8 @@ class MemberWriter:
         self._pieces.append(FileRange(file, 0, size))
         self._buffered += size
         self._submit_whole_blocks()
+        while len(self._files) > OPEN_FILES and self._pending:
+            self._emit()  # with many threads, blocks in flight could hold more files than may be open
 
     def flush(self) -> None:
         """Nothing to do: a member is written only once it is whole."""

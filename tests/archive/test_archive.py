@@ -20,7 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flyte_checkpoint import Checkpoint, InvalidCheckpointInputError, archive
-from flyte_checkpoint.archive import ExtractionLimits, pack_directory, sniff_kind, unpack_archive
+from flyte_checkpoint.archive import (
+    ExtractionLimits,
+    pack_directory,
+    sniff_kind,
+    unpack_archive,
+)
 from flyte_checkpoint.archive.compression import gzip_writer
 from flyte_checkpoint.archive.tar_writer import TarWriter
 from flyte_checkpoint.errors import (
@@ -229,6 +234,31 @@ def test_a_large_file_that_grows_while_it_is_packed_is_stored_at_its_listed_size
         writer.close()
     restored = unpacked(sink.getvalue(), tmp_path / "restored")
     assert (restored / "f").read_bytes() == content[: 2 << 20]
+
+
+class DescriptorCountingSink(io.BytesIO):
+    """Records the most descriptors this process had open whenever a member was written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.most = 0
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:  # type: ignore[override]
+        self.most = max(self.most, len(open_descriptors()))
+        return super().write(data)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors through /proc")
+def test_a_save_on_many_threads_keeps_a_bounded_number_of_files_open(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for number in range(150):
+        (tree / f"w{number:03}").write_bytes(bytes([number]) * ((1 << 20) + 1))
+    before = len(open_descriptors())
+    sink = DescriptorCountingSink()
+    archive.pack_directory(tree, sink, threads=400)
+    assert sink.most - before <= 72  # at most 64 files, and a few descriptors of the machinery
+    assert layout(unpacked(sink.getvalue(), tmp_path / "restored")) == layout(tree)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors through /proc")
