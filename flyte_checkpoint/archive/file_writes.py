@@ -1,14 +1,16 @@
 """Writing the data of extracted files: on a pool of threads when there are several.
 
 The extracting thread parses the tar stream, checks every member and creates each file; the
-bytes of a file then go to ``os.pwrite`` at their offset, on the pool, so a load is not bound by
-one thread copying into the page cache while the others inflate. A chunk of at least
-:data:`HOLE_FROM` zero bytes is not written but left as a hole, as ``tar -S`` would. A file is
+bytes of a file then go to ``os.pwritev`` at their offset, on the pool, up to a MiB of pieces
+per call, so a load is not bound by one thread copying into the page cache while the others
+inflate. A run of pieces, at least :data:`HOLE_FROM` bytes in all, that holds only zeros is not
+written but left as a hole, as ``tar -S`` would. A file is
 finished (its size set when it has holes, its mode and times applied, closed) on the extracting
 thread, and only once every write to it has returned, so its mtime is the archive's.
 
-Memory is bounded: at most :data:`AHEAD_PER_THREAD` chunks per thread are in flight before the
-extracting thread waits for the oldest. Errors of a write (a full disk) are raised on the
+Memory is bounded: at most :data:`AHEAD_PER_THREAD` writes per thread are in flight before the
+extracting thread waits for the oldest; each keeps alive what its pieces are views of (an
+inflated block, or a stored member as read: a MiB or two). Errors of a write (a full disk) are raised on the
 extracting thread by the next call that finds that write done, at the latest by :meth:`finish_all`.
 Abandoning (any exception, an interrupt too) drops the writes not started, waits for those
 already running and closes every file: no descriptor is left open, and none is closed under a
@@ -82,8 +84,9 @@ class FileWrites:
         return OpenFile(fd, size, mode, mtime)
 
     def write(self, file: OpenFile, parts: list[bytes | memoryview], offset: int) -> None:
-        """Write ``parts``, in order, at ``offset`` of ``file``, with one call (a hole when they
-        are all zeros, see :data:`HOLE_FROM`). They must not change until the write is done."""
+        """Write ``parts``, in order, at ``offset`` of ``file``, with one ``pwritev`` where it can
+        (a hole when they are all zeros, see :data:`HOLE_FROM`). They must not change until the
+        write is done."""
         size = sum(len(part) for part in parts)
         if size >= HOLE_FROM and all(_all_zeros(part) for part in parts):
             file.holes = True
@@ -92,7 +95,9 @@ class FileWrites:
             _write_all(file.fd, parts, offset)
             return
         while len(self._in_flight) >= self._ahead:
-            self._in_flight.popleft().result()
+            # Forgotten only once done: abandon() must wait for a write an interrupt lands beside.
+            self._in_flight[0].result()
+            self._in_flight.popleft()
         future = self._pool.submit(_write_all, file.fd, parts, offset)
         self._in_flight.append(future)
         file.pending.append(future)
@@ -145,7 +150,7 @@ class FileWrites:
 def _all_zeros(part: bytes | memoryview) -> bool:
     # The ends first: most data is not zeros. startswith compares with memcmp, where == on a
     # memoryview compares byte by byte.
-    return len(part) <= len(_ZEROS) and part[0] == part[-1] == 0 and _ZEROS.startswith(part)
+    return 0 < len(part) <= len(_ZEROS) and part[0] == part[-1] == 0 and _ZEROS.startswith(part)
 
 
 def _write_all(fd: int, parts: list[bytes | memoryview], offset: int) -> None:

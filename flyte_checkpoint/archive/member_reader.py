@@ -90,6 +90,7 @@ class IndexedReader(io.RawIOBase):
         if self._own_pool is not None:
             self._own_pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
+        self._pieces.clear()
         super().close()
 
     def _fill(self) -> None:

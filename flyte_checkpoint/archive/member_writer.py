@@ -7,10 +7,13 @@ abandoning the stream (any exception, an interrupt too) takes at most one block'
 thread: no queue can be left with a count that never reaches zero.
 
 A large file's content is not read by the caller's thread: :meth:`MemberWriter.write_file`
-takes its descriptor, and each block's worker reads its own range of it with ``pread``. The
+takes its descriptor, and each block's worker reads its own range of it with ``preadv``. The
 caller's thread then only writes members to the sink, so a save reads on as many cores as it
-encodes on, and a block is read straight into the one buffer it is encoded from, with no copy
-to join a file's chunks with the tar headers between them.
+encodes on. A block is read straight into a reused buffer laid out as stored deflate blocks, so
+a stored member is written from that buffer with no copy at all (a deflated one costs the one
+copy that joins the content for deflate). The buffer is reused once its member is written: the
+sink's ``write()`` must not keep what it is given after it returns, which is the contract of
+:mod:`io`'s ``write()`` (and every store writer of this package keeps to it).
 
 Each member's 8-byte trailer is held back until the next member (or the index) is written, so
 a stream abandoned part-way never ends on a member boundary: no gzip reader can take a partial
@@ -123,7 +126,10 @@ def _encode(segments: list[Segment], level: int, spare: deque[bytearray]) -> tup
     A stored member's body is a view of the buffer, so the buffer is handed back with the
     parts, to be returned to ``spare`` once they are written. Reusing buffers matters: a fresh
     MiB per block costs more in page faults than its copy."""
-    buffer = spare.pop() if spare else bytearray(BUFFER_SIZE)
+    try:
+        buffer = spare.pop()
+    except IndexError:  # none spare (checked by trying: another worker may take the last one)
+        buffer = bytearray(BUFFER_SIZE)
     view = memoryview(buffer)
     size = sum(len(segment) for segment in segments)
     at = 0
@@ -250,7 +256,8 @@ class MemberWriter:
             self._sink.write(self._held)
         for part in parts[:-1]:
             self._sink.write(part)
-        self._spare.append(buffer)  # the sink is done with it: io's write() keeps no reference
+        # The sink is done with it: io's write() contract lets the caller reuse what it passed.
+        self._spare.append(buffer)
         self._held = parts[-1]  # the trailer
         self._offset += length
 
@@ -270,6 +277,7 @@ class MemberWriter:
         self.closed = True
         self._pool.shutdown()
         self._close_files()
+        self._spare.clear()
 
     def abandon(self) -> None:
         """Stop without finishing: nothing more reaches the sink, the pool's threads exit once
@@ -280,6 +288,7 @@ class MemberWriter:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
         self._close_files()  # only now: no worker is still reading one
+        self._spare.clear()
 
     def _close_files(self) -> None:
         while self._files:

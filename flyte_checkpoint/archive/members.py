@@ -63,6 +63,8 @@ _INDEX_HEAD = struct.Struct("<I")  # entries in this index member
 _ENTRY = struct.Struct("<II")  # compressed (member) length, uncompressed length
 _TAIL = struct.Struct("<QQQ")  # offset of the first index member, data members, uncompressed bytes
 _TRAILER = struct.Struct("<II")  # CRC-32, uncompressed length mod 2**32
+_KIND_FIELDS = {KIND_DATA: _DATA.size, KIND_INDEX: _INDEX_HEAD.size, KIND_TAIL: _TAIL.size}
+"""Bytes of each kind's fields after the common ones: exactly, or at least for an index member."""
 _EMPTY_DEFLATE = b"\x03\x00"  # one final fixed-Huffman block holding nothing
 _STORED_MAX = 0xFFFF
 HEADER_PREFIX = _GZIP_FIXED.size + _SUBFIELD.size + _COMMON.size
@@ -189,17 +191,25 @@ def worth_compressing(block: bytes | memoryview | list[memoryview], level: int) 
     size = sum(len(view) for view in views)
     if size <= 3 * SAMPLE:
         sample = b"".join(views)
-    else:  # each window from within one view (a view holds 65,535 bytes or the whole block)
-        middle = views[len(views) // 2]
-        if len(views) == 1:
-            middle = middle[(size - SAMPLE) // 2 :]
-        sample = b"".join((views[0][:SAMPLE], middle[:SAMPLE], views[-1][-SAMPLE:]))
+    else:
+        starts = (0, (size - SAMPLE) // 2, size - SAMPLE)
+        sample = b"".join(_window(views, start, SAMPLE) for start in starts)
     # One call for the three windows: deflate's set-up per call costs as much as a window.
     if _isal_zlib is not None:
         deflated = len(_isal_zlib.compress(sample, _isal_level(level), wbits=-15))
     else:
         deflated = len(_zlib_deflate(sample, level))
     return deflated < STORE_ABOVE * len(sample)
+
+
+def _window(views: list[memoryview], start: int, size: int) -> bytes:
+    """Bytes ``start`` to ``start + size`` of the content held, in order, by ``views``."""
+    parts, at = [], 0
+    for view in views:
+        if at < start + size and at + len(view) > start:
+            parts.append(view[max(0, start - at) : start + size - at])
+        at += len(view)
+    return b"".join(parts)
 
 
 def encode_data(block: bytes | memoryview, level: int) -> Parts:
@@ -300,6 +310,13 @@ def frame(head: bytes, offset: int) -> Frame:
     _, _, _, _, _, _, xlen = _GZIP_FIXED.unpack_from(head)
     _, kind, length = _COMMON.unpack_from(head, _GZIP_FIXED.size + _SUBFIELD.size)
     header_length = _GZIP_FIXED.size + xlen
+    fields = xlen - _SUBFIELD.size - _COMMON.size  # the bytes of the extra field left for the kind's own
+    needed = _KIND_FIELDS[kind]
+    if not (fields >= needed if kind == KIND_INDEX else fields == needed):
+        raise ArchiveIndexError(
+            f"damaged archive: the {_KINDS[kind]} member at byte {offset} has an extra field of "
+            f"{xlen} bytes, which cannot hold the fields its kind has"
+        )
     smallest = header_length + len(_EMPTY_DEFLATE) + _TRAILER.size
     largest = header_length + max(BLOCK + BLOCK // 10 + 1024, len(_fixed_body(kind))) + _TRAILER.size
     if not smallest <= length <= largest:

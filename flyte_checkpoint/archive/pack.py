@@ -26,7 +26,9 @@ def pack_directory(
     because the archive could not be restored faithfully. The tree is walked once, as it is
     written, keeping nothing per file: a refusal mid-way leaves a partial stream in ``sink``,
     which the caller's atomic writer then discards (see :func:`check_tree` to refuse up front).
-    ``threads`` compress (default: :func:`~.compression.compression_threads`).
+    ``threads`` compress (default: :func:`~.compression.compression_threads`). ``sink.write()``
+    must not keep what it is given once it returns (the contract of :mod:`io`'s writers): the
+    buffers it is given are reused.
     """
     root = os.path.realpath(source)
     alias = (str(Path(source).absolute()), root)

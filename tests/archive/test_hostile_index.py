@@ -67,3 +67,20 @@ def test_a_data_member_declaring_more_than_a_block_is_refused_before_inflating(t
     data = bytearray(indexed([END_OF_TAR]))
     struct.pack_into("<I", data, members.HEADER_PREFIX, 1 << 31)
     refused(bytes(data), tmp_path / "out", f"declares {1 << 31} bytes, over {members.BLOCK}")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", [members.KIND_DATA, members.KIND_INDEX, members.KIND_TAIL])
+@pytest.mark.parametrize("subfield", [0, 2, 6])
+def test_a_member_whose_extra_field_cannot_hold_its_kinds_fields_is_refused(
+    tmp_path: Path, kind: int, subfield: int, threads: int
+) -> None:
+    # The FC subfield says it has `subfield` bytes, too few for the version, kind and length and
+    # the kind's own fields, though the bytes that would hold them follow: such a member used to
+    # escape as a bare IndexError or struct.error instead of a damaged archive.
+    length = 26
+    fixed = struct.pack("<2sBBIBBH", b"\x1f\x8b", 8, 4, 0, 0, 255, 4 + subfield)
+    common = struct.pack("<BBI", members.VERSION, kind, length)
+    member = (fixed + struct.pack("<2sH", b"FC", subfield) + common + b"\x03\x00" + bytes(8))[:length]
+    with pytest.raises(ArchiveIndexError, match="cannot hold the fields its kind has"):
+        unpack_archive(io.BytesIO(member + bytes(100)), tmp_path / "out", threads=threads)

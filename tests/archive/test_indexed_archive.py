@@ -69,6 +69,12 @@ def test_random_blocks_are_stored_and_text_blocks_deflated() -> None:
     assert len(b"".join(members.encode_data(text_block, 1))) < members.BLOCK // 3
 
 
+def test_a_block_is_judged_by_its_last_16_kib_as_well_as_its_first_and_middle() -> None:
+    block = os.urandom(members.BLOCK - 20_000) + TEXT[:20_000]
+    deflated = b"".join(members.encode_data(block, 1))
+    assert len(deflated) < members.BLOCK - 10_000  # the text tail shrank: it was not stored
+
+
 def test_a_stored_member_of_ours_is_read_as_checked_views_of_itself_without_a_copy() -> None:
     block = os.urandom(members.BLOCK - 777)
     member = b"".join(members.encode_data(block, 1))
