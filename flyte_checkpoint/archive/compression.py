@@ -22,6 +22,7 @@ from flyte_checkpoint.archive import members
 from flyte_checkpoint.archive.member_reader import IndexedReader
 from flyte_checkpoint.archive.member_writer import MemberWriter
 from flyte_checkpoint.archive.prefixed import PrefixedReader
+from flyte_checkpoint.cpu_quota import usable_cpus
 from flyte_checkpoint.errors import CheckpointCorruptError, CheckpointError, ConfigurationError
 
 _isal_gzip: Any
@@ -39,7 +40,7 @@ HAVE_ISAL = _isal_gzip is not None
 DEFAULT_COMPRESSION_LEVEL = 1
 CHUNK = 1 << 20
 THREADS_ENV = "FLYTE_CHECKPOINT_COMPRESSION_THREADS"
-"""Threads that deflate a save and inflate a load (default: the cores this process may use)."""
+"""Threads that deflate a save and inflate a load (default: the CPUs this process may use)."""
 _MAX_THREADS = 1024
 # Errors that mean "the bytes are not a valid archive", as opposed to failures of the stream.
 FORMAT_ERRORS: tuple[type[BaseException], ...] = (
@@ -52,8 +53,9 @@ FORMAT_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def compression_threads(threads: int | None = None) -> int:
-    """``threads`` checked, or when ``None`` the setting :data:`THREADS_ENV`, or else the cores
-    this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` where that is missing).
+    """``threads`` checked, or when ``None`` the setting :data:`THREADS_ENV`, or else the CPUs
+    this process may use (:func:`~flyte_checkpoint.cpu_quota.usable_cpus`: the cores it may run
+    on, no more than a container's CPU limit).
 
     Raises :class:`ConfigurationError` for a value that is not a whole number from 1 to 1024.
     """
@@ -61,7 +63,7 @@ def compression_threads(threads: int | None = None) -> int:
     if threads is None:
         raw = os.environ.get(THREADS_ENV, "").strip()
         if not raw:
-            return _usable_cores()
+            return usable_cpus()
         source, given = THREADS_ENV, repr(raw)  # the text as set, not what it failed to parse to
         with contextlib.suppress(ValueError):
             threads = int(raw)
@@ -71,13 +73,6 @@ def compression_threads(threads: int | None = None) -> int:
             f"fix it, or unset {THREADS_ENV} to use every core this process may run on"
         )
     return threads
-
-
-def _usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - macOS and Windows have no affinity call
-        return os.cpu_count() or 1
 
 
 @contextlib.contextmanager

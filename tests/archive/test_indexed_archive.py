@@ -17,6 +17,7 @@ import pytest
 from flyte_checkpoint import ArchiveIndexError, CheckpointCorruptError, ConfigurationError, archive
 from flyte_checkpoint.archive import members
 from flyte_checkpoint.archive.compression import THREADS_ENV, compression_threads
+from flyte_checkpoint.cpu_quota import usable_cpus
 
 TEXT = b"".join(b"step %d loss %.6f lr 0.0003 tokens/s 12345\n" % (i, 1 / (i + 1)) for i in range(120_000))
 
@@ -254,7 +255,7 @@ def test_the_zlib_fallback_writes_the_same_layout(
 
 def test_threads_default_to_the_usable_cores_and_are_settable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(THREADS_ENV, raising=False)
-    assert compression_threads() == len(os.sched_getaffinity(0))
+    assert compression_threads() == usable_cpus()  # the cores, within a container's CPU limit
     monkeypatch.setenv(THREADS_ENV, "3")
     assert compression_threads() == 3
     assert compression_threads(1) == 1

@@ -20,7 +20,7 @@ ROOT = PACKAGE.name
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
-        "errors tree_removal",
+        "errors tree_removal cpu_quota",
         "environment lockfiles progress running newest_file steps timebounds",
         "uris archive",
         "storage",
