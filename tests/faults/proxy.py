@@ -137,6 +137,9 @@ class DropMidResponse:
 
     after_bytes: int
     reset: bool = True
+    pause: float = 0.0
+    """Seconds to wait, once the relayed bytes have left, before closing: a client that has not
+    read them when the RST lands loses them (aiohttp raises a stream's error before its data)."""
     name: ClassVar[str] = "drop_mid_response"
 
     def __post_init__(self) -> None:
@@ -198,9 +201,10 @@ def drop_before_response(*, reset: bool = True) -> DropBeforeResponse:
     return DropBeforeResponse(reset)
 
 
-def drop_mid_response(after_bytes: int, *, reset: bool = True) -> DropMidResponse:
-    """Relay the response head and ``after_bytes`` body bytes, then close abruptly."""
-    return DropMidResponse(after_bytes, reset)
+def drop_mid_response(after_bytes: int, *, reset: bool = True, pause: float = 0.0) -> DropMidResponse:
+    """Relay the response head and ``after_bytes`` body bytes, then (``pause`` seconds later)
+    close abruptly."""
+    return DropMidResponse(after_bytes, reset, pause)
 
 
 def drop_mid_request(after_bytes: int) -> DropMidRequest:
@@ -1034,6 +1038,8 @@ class FaultProxy:
             sent += len(piece)
         if isinstance(fault, DropMidResponse):
             upstream.close()
+            if fault.pause:
+                self._stop.wait(fault.pause)
             self._abort(client.sock, reset=fault.reset)
             return False
 
