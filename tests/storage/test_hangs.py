@@ -83,7 +83,7 @@ def test_a_save_to_a_store_that_stops_answering_times_out_and_keeps_the_old_obje
 ) -> None:
     remote = own_server.remote
     old = os.urandom(1 << 20)
-    Checkpoint(remote.uri("ckpt"), storage_options=own_server.options()).save_sync(old)
+    Checkpoint(remote.uri("ckpt"), storage_options=remote.storage_options).save_sync(old)
     big = tmp_path / "new.bin"
     big.write_bytes(os.urandom(40 << 20))  # reported every MiB: frozen long before the commit
     cp = Checkpoint(remote.uri("ckpt"), storage_options=own_server.options())
@@ -122,7 +122,15 @@ def test_a_load_from_a_store_that_stops_answering_times_out(own_server: Frozen, 
 def test_an_inspection_of_a_store_that_stopped_answering_times_out(own_server: Frozen) -> None:
     remote = own_server.remote
     backend = backend_for(remote.uri("ckpt"), own_server.options())
-    assert backend.info(remote.uri("ckpt")) is None  # the client is built and connected
+    # The client is built and connected. The first call imports and builds it, which on a loaded
+    # machine (a fresh clone has no bytecode cache) can outlast the short bound: it is asked again.
+    for attempt in range(3):
+        try:
+            assert backend.info(remote.uri("ckpt")) is None
+            break
+        except CheckpointTimeoutError:
+            if attempt == 2:
+                raise
     own_server.freeze()
     started = time.monotonic()
     with pytest.raises(CheckpointTimeoutError):
