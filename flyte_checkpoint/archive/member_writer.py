@@ -186,10 +186,11 @@ class MemberWriter:
         encoded. One that turns out shorter raises :class:`~flyte_checkpoint.errors.InputChangedError`
         from a later call, by :meth:`close` at the latest."""
         file = SourceFile(fd, path, size)
-        if self.closed or not size:
+        if self.closed:
             file.close()
-            if self.closed:
-                raise ValueError("write to a closed archive stream")
+            raise ValueError("write to a closed archive stream")
+        if not size:
+            file.close()
             return
         self._files.append(file)
         self._pieces.append(FileRange(file, 0, size))

@@ -89,9 +89,14 @@ def _header(kind: int, extra: bytes, body_length: int) -> bytes:
 
 def _stored(block: bytes) -> bytes:
     """``block`` as stored deflate blocks (no compression), the last one final."""
+    return bytes(_frame_stored(_laid_out(block), len(block)))
+
+
+def _laid_out(block: bytes | memoryview) -> memoryview:
+    """A new buffer holding ``block`` as :func:`place` lays content out."""
     buffer = memoryview(bytearray(laid_out_size(len(block))))
     place(buffer, len(block), 0, block)
-    return bytes(_frame_stored(buffer, len(block)))
+    return buffer
 
 
 _STORED_HEADER = struct.Struct("<BHH")  # BFINAL and BTYPE 00, LEN, NLEN
@@ -181,19 +186,22 @@ def _crc32(data: bytes | memoryview, start: int = 0) -> int:
     return int(_isal_zlib.crc32(data, start)) if _isal_zlib is not None else zlib.crc32(data, start)
 
 
-def worth_compressing(block: bytes | memoryview | list[memoryview], level: int) -> bool:
-    """Whether deflate at ``level`` shrinks a block by more than ``1 - STORE_ABOVE``, judged
-    from three windows (start, middle, end): weights and already-compressed files are not.
-    ``block`` is its content, or the :func:`content_views` it is laid out in."""
+def worth_compressing(block: bytes | memoryview, level: int) -> bool:
+    """Whether deflate at ``level`` shrinks ``block`` by more than ``1 - STORE_ABOVE``, judged
+    from three windows (start, middle, end): weights and already-compressed files are not."""
+    return _worth_compressing(_laid_out(block), len(block), level)
+
+
+def _worth_compressing(buffer: memoryview, size: int, level: int) -> bool:
+    """:func:`worth_compressing` for the block of ``size`` bytes laid out in ``buffer``."""
     if level == 0:
         return False
-    views = block if isinstance(block, list) else [memoryview(block)]
-    size = sum(len(view) for view in views)
-    if size <= 3 * SAMPLE:
-        sample = b"".join(views)
-    else:
-        starts = (0, (size - SAMPLE) // 2, size - SAMPLE)
-        sample = b"".join(_window(views, start, SAMPLE) for start in starts)
+    windows = (
+        [(0, size)]
+        if size <= 3 * SAMPLE
+        else [(at, SAMPLE) for at in (0, (size - SAMPLE) // 2, size - SAMPLE)]
+    )
+    sample = b"".join(view for at, length in windows for view, _ in spans(buffer, size, at, length))
     # One call for the three windows: deflate's set-up per call costs as much as a window.
     if _isal_zlib is not None:
         deflated = len(_isal_zlib.compress(sample, _isal_level(level), wbits=-15))
@@ -202,21 +210,9 @@ def worth_compressing(block: bytes | memoryview | list[memoryview], level: int) 
     return deflated < STORE_ABOVE * len(sample)
 
 
-def _window(views: list[memoryview], start: int, size: int) -> bytes:
-    """Bytes ``start`` to ``start + size`` of the content held, in order, by ``views``."""
-    parts, at = [], 0
-    for view in views:
-        if at < start + size and at + len(view) > start:
-            parts.append(view[max(0, start - at) : start + size - at])
-        at += len(view)
-    return b"".join(parts)
-
-
 def encode_data(block: bytes | memoryview, level: int) -> Parts:
     """One data member holding ``block`` (at most :data:`BLOCK` bytes): see :func:`encode_laid_out`."""
-    buffer = memoryview(bytearray(laid_out_size(len(block))))
-    place(buffer, len(block), 0, block)
-    return encode_laid_out(buffer, len(block), level)
+    return encode_laid_out(_laid_out(block), len(block), level)
 
 
 def encode_laid_out(buffer: memoryview, size: int, level: int) -> Parts:
@@ -226,7 +222,7 @@ def encode_laid_out(buffer: memoryview, size: int, level: int) -> Parts:
     else stored, as one view of ``buffer``: it must not change until the parts are written."""
     views = content_views(buffer, size)
     body: bytes | memoryview
-    if worth_compressing(views, level):
+    if _worth_compressing(buffer, size, level):
         body, crc = _deflate(b"".join(views), level)
     else:
         crc = 0
