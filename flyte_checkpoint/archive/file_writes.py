@@ -25,6 +25,8 @@ from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from flyte_checkpoint.archive.members import past
+
 HOLE_FROM = 64 * 1024
 """A chunk of at least this many zero bytes is left as a hole instead of written."""
 
@@ -158,11 +160,7 @@ def _write_all(fd: int, parts: list[bytes | memoryview], offset: int) -> None:
     while views:
         written = _pwrite_from(fd, views, offset)
         offset += written
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if written:
-            views[0] = views[0][written:]
+        views = past(views, written)
 
 
 def _pwrite_from(fd: int, views: list[memoryview], offset: int) -> int:

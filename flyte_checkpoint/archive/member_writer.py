@@ -34,6 +34,7 @@ from flyte_checkpoint.archive.members import (
     encode_index,
     encode_laid_out,
     laid_out_size,
+    past,
     place,
     spans,
 )
@@ -89,11 +90,7 @@ class FileRange:
             if not got:
                 raise shrank(self.file.path, self.file.size, self.offset + done)
             done += got
-            while views and got >= len(views[0]):
-                got -= len(views[0])
-                views = views[1:]
-            if got:
-                views = [views[0][got:], *views[1:]]
+            views = past(views, got)
 
 
 def _pread_into(fd: int, views: list[memoryview], offset: int) -> int:

@@ -139,6 +139,17 @@ def spans(buffer: memoryview, size: int, offset: int, length: int) -> list[tuple
     return found
 
 
+def past(views: list[memoryview], count: int) -> list[memoryview]:
+    """``views`` without their first ``count`` bytes: what a vectored read or write that moved
+    ``count`` bytes leaves to do."""
+    rest = list(views)
+    while rest and count >= len(rest[0]):
+        count -= len(rest.pop(0))
+    if count:
+        rest[0] = rest[0][count:]
+    return rest
+
+
 def _frame_stored(buffer: memoryview, size: int) -> memoryview:
     """The stored deflate blocks of the content laid out in ``buffer``, their headers written
     into the room left for them: one view, no copy."""
