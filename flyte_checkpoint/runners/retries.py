@@ -8,7 +8,6 @@ preempted never uses up the retries meant for the task's own failures.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import tempfile
@@ -18,11 +17,11 @@ from typing import Any, TypeVar, overload
 
 from flyte_checkpoint.context import CheckpointPaths, TaskContext
 from flyte_checkpoint.errors import InvalidCheckpointInputError, Preempted
+from flyte_checkpoint.lockfiles import make_locked_directory, release_locked_directory
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.runners.attempt import acall_task, attempt_scope, attempt_scope_async, call_task
 from flyte_checkpoint.storage import copy_object
-from flyte_checkpoint.tree_removal import remove_tree
 from flyte_checkpoint.uris import clean_uri, is_local, scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -32,6 +31,9 @@ logger = logging.getLogger("flyte_checkpoint")
 R = TypeVar("R")
 
 DEFAULT_PREEMPTION_RETRIES = 10
+
+RUN_DIRECTORY_PREFIX = "flyte-cp-run-"
+"""The temporary checkpoint directory of a run given no ``checkpoint_dir``, in ``TMPDIR``."""
 
 
 def join_location(base: str, name: str) -> str:
@@ -79,10 +81,14 @@ class RetryPlan:
         """The attempt running now (or next)."""
         self.storage_options = storage_options
         self.run_name = run_name
-        self._own_dir: str | None = None
+        self._own_dir: tuple[str, int] | None = None
         base = clean_uri(os.fspath(checkpoint_dir)) if checkpoint_dir is not None else None
         if base is None:
-            self._own_dir = base = tempfile.mkdtemp(prefix="flyte-cp-run-")
+            # Locked while this process lives: a run killed before finish() leaves its
+            # checkpoints behind, and the next run's sweep removes them (lockfiles.py).
+            directory, lock_fd = make_locked_directory(Path(tempfile.gettempdir()), RUN_DIRECTORY_PREFIX)
+            self._own_dir = (str(directory), lock_fd)
+            base = str(directory)
         elif not scheme_of(base):
             # Absolute as of now: every attempt (and every rank it starts) names the same place,
             # whatever its working directory.
@@ -155,10 +161,11 @@ class RetryPlan:
             logger.info("staged %s for the next attempt", self.paths.checkpoint_path)
 
     def finish(self) -> None:
-        """Remove the checkpoint directory if this plan created it."""
+        """Remove the checkpoint directory if this plan created it (once; later calls do nothing)."""
         if self._own_dir is not None:
-            with contextlib.suppress(OSError):
-                remove_tree(str(self._own_dir))
+            directory, lock_fd = self._own_dir
+            self._own_dir = None
+            release_locked_directory(directory, lock_fd)
 
 
 @overload
@@ -206,7 +213,8 @@ def run_with_retries(
     checkpoint saves to ``<checkpoint_dir>/checkpoint`` and restores from
     ``<checkpoint_dir>/prev_checkpoint``; each retry starts by staging the last checkpoint into
     the previous location (a staging failure fails that attempt and uses up a retry). The default
-    ``checkpoint_dir`` is a temporary directory removed at the end. ``checkpoint_dir`` may be any
+    ``checkpoint_dir`` is a temporary directory removed at the end, however the run ends (a
+    run killed outright leaves it to the next run's sweep). ``checkpoint_dir`` may be any
     storage URI. Returns the first successful result (awaited, for an ``async def`` task), typed
     as ``fn``'s, or re-raises the last attempt's error with the earlier attempts' errors chained
     as its context.
@@ -224,22 +232,21 @@ def run_with_retries(
     process). Attempts are numbered from 0 in log lines and notes, as ``attempt_number`` is.
     """
     plan = RetryPlan(retries, checkpoint_dir, storage_options, run_name, preemption_retries)
-    with install_preemption_handler(grace_seconds=grace_seconds):
-        while True:
-            context = plan.context()
-            try:
-                with attempt_scope(context):
-                    if plan.number:
-                        plan.stage_previous()
-                    result = call_task(fn, args, kwargs)
-            except Exception as error:
-                plan.failed(error)
-                continue
-            except Preempted as preempted:
-                plan.preempted(preempted)
-                continue
-            plan.finish()
-            return result
+    try:
+        with install_preemption_handler(grace_seconds=grace_seconds):
+            while True:
+                context = plan.context()
+                try:
+                    with attempt_scope(context):
+                        if plan.number:
+                            plan.stage_previous()
+                        return call_task(fn, args, kwargs)
+                except Exception as error:
+                    plan.failed(error)
+                except Preempted as preempted:
+                    plan.preempted(preempted)
+    finally:
+        plan.finish()  # on Ctrl-C too: nobody could find a temporary directory's checkpoints
 
 
 @overload
@@ -293,22 +300,22 @@ async def run_with_retries_async(
     plan = await asyncio.to_thread(
         RetryPlan, retries, checkpoint_dir, storage_options, run_name, preemption_retries
     )
-    with install_preemption_handler(grace_seconds=grace_seconds):
-        while True:
-            context = plan.context()
-            try:
-                async with attempt_scope_async(context):
-                    if plan.number:
-                        await asyncio.to_thread(plan.stage_previous)
-                    result = await acall_task(fn, args, kwargs)
-            except Exception as error:
-                await asyncio.to_thread(plan.failed, error)
-                continue
-            except Preempted as preempted:
-                await asyncio.to_thread(plan.preempted, preempted)
-                continue
-            await asyncio.to_thread(plan.finish)
-            return result
+    try:
+        with install_preemption_handler(grace_seconds=grace_seconds):
+            while True:
+                context = plan.context()
+                try:
+                    async with attempt_scope_async(context):
+                        if plan.number:
+                            await asyncio.to_thread(plan.stage_previous)
+                        return await acall_task(fn, args, kwargs)
+                except Exception as error:
+                    await asyncio.to_thread(plan.failed, error)
+                except Preempted as preempted:
+                    await asyncio.to_thread(plan.preempted, preempted)
+    finally:
+        # Shielded: a cancelled run still removes a temporary directory, off the loop.
+        await asyncio.shield(asyncio.to_thread(plan.finish))
 
 
 def _note(error: BaseException, note: str) -> None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -27,6 +31,7 @@ from flyte_checkpoint import (
     run_with_retries,
     run_with_retries_async,
 )
+from flyte_checkpoint.runners.retries import RUN_DIRECTORY_PREFIX
 from tests.faults.proxy import FaultProxy, status
 from tests.storage.conftest import Remote, remote_for
 from tests.storage.test_faults import options_through
@@ -283,6 +288,73 @@ def test_without_a_checkpoint_dir_a_temporary_one_is_used_and_removed() -> None:
     run_with_retries(task, retries=0)
     assert seen
     assert not Path(seen[0]).parent.exists()
+
+
+@pytest.fixture
+def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temporary directory runs without a ``checkpoint_dir`` use."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def _run_directories(root: Path) -> list[Path]:
+    return [path for path in root.glob(f"{RUN_DIRECTORY_PREFIX}*") if path.is_dir()]
+
+
+def _save_then_interrupt() -> None:
+    current_checkpoint().save_sync(b"x")
+    raise KeyboardInterrupt
+
+
+def test_a_run_interrupted_by_ctrl_c_removes_its_temporary_checkpoint_dir(temp_root: Path) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        run_with_retries(_save_then_interrupt, retries=3)
+    assert list(temp_root.iterdir()) == []
+
+
+async def test_a_cancelled_async_run_removes_its_temporary_checkpoint_dir(temp_root: Path) -> None:
+    saved = asyncio.Event()
+
+    async def save_then_wait_forever() -> None:
+        await current_checkpoint().save(b"x")
+        saved.set()
+        await asyncio.Event().wait()
+
+    run = asyncio.ensure_future(run_with_retries_async(save_then_wait_forever, retries=3))
+    await saved.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert await asyncio.to_thread(os.listdir, temp_root) == []
+
+
+def test_the_temporary_checkpoint_dir_of_a_killed_run_is_removed_by_the_next_run(temp_root: Path) -> None:
+    killed = "import os, signal; from flyte_checkpoint import ctx, run_with_retries\n" + (
+        "def task():\n"
+        "    ctx().checkpoint.save_sync(b'x' * 1000)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "run_with_retries(task, retries=0)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(temp_root)}
+    ended = subprocess.run([sys.executable, "-c", killed], env=env, timeout=60, check=False)
+    assert ended.returncode == -signal.SIGKILL
+    (left,) = _run_directories(temp_root)
+    assert (left / "checkpoint").is_file()
+
+    run_with_retries(lambda: None, retries=0)
+    assert list(temp_root.iterdir()) == []
+
+
+def test_a_running_run_s_temporary_checkpoint_dir_is_not_removed_by_another_run(temp_root: Path) -> None:
+    seen: list[bool] = []
+
+    def outer() -> None:
+        current_checkpoint().save_sync(b"x")
+        run_with_retries(lambda: None, retries=0)  # a second run, in the same TMPDIR
+        seen.append(all((path / "checkpoint").is_file() for path in _run_directories(temp_root)))
+
+    run_with_retries(outer, retries=0)
+    assert seen == [True]
 
 
 def test_workspaces_of_finished_attempts_are_removed(tmp_path: Path) -> None:
