@@ -1,10 +1,10 @@
 """Reading an indexed ``.tar.gz``: members inflated on a pool of threads, read back in order.
 
 The caller's thread reads the object as a stream (so the store's digest still covers every
-byte), splits it into members by the lengths their headers declare, hands each deflated data
-member to the pool and returns the inflated blocks in order, at most ``threads + 1`` members
-ahead. A stored member laid out as this package writes one is not copied at all: its content
-is handed on as views of the member as read, once its CRC-32 is checked. The
+byte), splits it into members by the lengths their headers declare, hands each data member to
+the pool to be checked and inflated, and returns the blocks in order, at most ``threads + 1``
+members ahead. A stored member laid out as this package writes one is not copied at all: its
+content is handed on as views of the member as read, once the pool has checked its CRC-32. The
 extraction that consumes the blocks is the same as the streaming path's, with every safety
 check it makes.
 
@@ -46,7 +46,7 @@ class IndexedReader(io.RawIOBase):
         )
         self._pool = pool or self._own_pool
         self._ahead = threads + 1
-        self._pending: deque[Future[bytes] | bytes | list[memoryview]] = deque()
+        self._pending: deque[Future[bytes | list[memoryview]] | bytes | list[memoryview]] = deque()
         self._pieces: deque[bytes | memoryview] = deque()
         self._seen: list[tuple[int, int]] = []
         self._listed: list[tuple[int, int]] = []
@@ -155,11 +155,8 @@ class IndexedReader(io.RawIOBase):
     def _data(self, rest: bytes, start: int, frame: members.Frame) -> None:
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
-        declared = members.declared_size(rest)
-        # The writer cuts whole blocks and only the last may be short (never empty), so the
-        # members, and what is kept per member, are bounded by the content the limits count.
-        if declared == 0:
-            raise ArchiveIndexError(f"damaged archive: the data member at byte {start} declares no content")
+        declared = members.declared_size(rest, start)
+        # Only the last member may be short, so the members too are bounded by the content.
         if self._seen and self._seen[-1][1] != members.BLOCK:
             if self._pending and isinstance(previous := self._pending[-1], Future):
                 previous.result()  # a short member that does not even decode: that says more
@@ -168,13 +165,10 @@ class IndexedReader(io.RawIOBase):
                 f"bytes; only the last may be shorter than {members.BLOCK}"
             )
         self._seen.append((frame.length, declared))
-        stored = members.is_stored(rest, frame)
-        if stored and (views := members.stored_content(rest, start, frame)) is not None:
-            self._pending.append(views)
-        elif self._pool is None or stored:
-            self._pending.append(members.decode_data(rest, start, frame))
+        if self._pool is None:
+            self._pending.append(members.decode_member(rest, start, frame))
         else:
-            self._pending.append(self._pool.submit(members.decode_data, rest, start, frame))
+            self._pending.append(self._pool.submit(members.decode_member, rest, start, frame))
 
     def _tail(self, member: bytes, start: int) -> None:
         index_offset, count, total = members.decode_tail(member)

@@ -334,17 +334,35 @@ def frame(head: bytes, offset: int) -> Frame:
     return Frame(kind, length, header_length)
 
 
-def declared_size(rest: bytes) -> int:
-    """The uncompressed size a data member declares; ``rest`` is the member after its first
-    :data:`HEADER_PREFIX` bytes (which :func:`frame` read)."""
+def declared_size(rest: bytes, offset: int) -> int:
+    """The uncompressed size the data member at byte ``offset`` declares, from 1 to
+    :data:`BLOCK` (anything else raises :class:`ArchiveIndexError`: the writer cuts whole blocks
+    and never an empty one, so what a load keeps per member is bounded by the content the
+    limits count); ``rest`` is the member after its first :data:`HEADER_PREFIX` bytes (which
+    :func:`frame` read)."""
     (declared,) = _DATA.unpack_from(rest)
+    if declared == 0:
+        raise ArchiveIndexError(f"damaged archive: the data member at byte {offset} declares no content")
+    if declared > BLOCK:
+        raise ArchiveIndexError(
+            f"damaged archive: the data member at byte {offset} declares {declared} bytes, over {BLOCK}"
+        )
     return int(declared)
 
 
-def is_stored(rest: bytes, frame_: Frame) -> bool:
-    """Whether a data member (``rest`` as for :func:`declared_size`) starts with a stored
-    deflate block: this package stores a block whole or not at all, and decoding a stored one
-    is a copy and a CRC, cheaper than handing it to another thread."""
+def decode_member(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] | bytes:
+    """The checked content of a data member (``rest`` as for :func:`declared_size`): views of
+    it when it is stored as this package stores one (:func:`stored_content`), else inflated
+    (:func:`decode_data`). Either releases the GIL for its CRC-32 or inflation, so a load runs
+    it on its pool: even the CRC of a stored MiB (about 0.1 ms) is more than the hand-over,
+    and the reading thread is what bounds a load of incompressible weights."""
+    if _is_stored(rest, frame_) and (views := stored_content(rest, offset, frame_)) is not None:
+        return views
+    return decode_data(rest, offset, frame_)
+
+
+def _is_stored(rest: bytes, frame_: Frame) -> bool:
+    # This package stores a block whole or not at all: its first deflate block says which.
     start = frame_.header_length - HEADER_PREFIX
     return len(rest) > start and rest[start] & 0b110 == 0
 
@@ -354,9 +372,9 @@ def stored_content(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] 
     deflate block but the last holds 65,535 bytes), as views of ``rest`` (as for
     :func:`declared_size`): no copy. Its block headers, size and CRC-32 are checked first;
     a member laid out any other way is ``None``, for :func:`decode_data` to inflate."""
-    declared = declared_size(rest)
+    declared = declared_size(rest, offset)
     body = memoryview(rest)[frame_.header_length - HEADER_PREFIX : len(rest) - _TRAILER.size]
-    if not 0 < declared <= BLOCK or len(body) != laid_out_size(declared):
+    if len(body) != laid_out_size(declared):
         return None
     views = content_views(body, declared)
     for number, view in enumerate(views):
@@ -377,10 +395,8 @@ def decode_data(rest: bytes, offset: int, frame_: Frame) -> bytes:
     """The content of a data member (``rest`` as for :func:`declared_size`), checked: it must
     inflate to exactly the size its header declares, with a matching CRC-32 and length.
     Releases the GIL while inflating, so several members decode at once."""
-    declared = declared_size(rest)
+    declared = declared_size(rest, offset)
     where = f"the data member at byte {offset}"
-    if declared > BLOCK:
-        raise ArchiveIndexError(f"damaged archive: {where} declares {declared} bytes, over {BLOCK}")
     body = memoryview(rest)[frame_.header_length - HEADER_PREFIX : len(rest) - _TRAILER.size]
     if _isal_zlib is not None:
         inflater = _isal_zlib.decompressobj(wbits=-15)
