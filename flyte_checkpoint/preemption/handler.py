@@ -13,7 +13,9 @@ thread:
   deadline), then its main thread is ended: the watcher sends the signal again to that thread
   alone, and the handler raises :class:`~flyte_checkpoint.errors.Preempted` there (a
   ``SystemExit`` whose status is the signal's usual ``128 + signum``). ``finally`` blocks and
-  ``with`` blocks run; the runners decide the exit.
+  ``with`` blocks run; the runners decide the exit. Under a runner, only the task code of an
+  attempt is ended: once it has returned or raised, the runner has the notice, and an ending
+  decided a moment before is dropped (:func:`.notice.task_code_running`).
 
 A caller whose main thread runs an event loop (the async runner, the Flyte plugin) cannot let the
 ``Preempted`` be raised there: an exception a signal handler raises in the loop escapes the loop
@@ -84,6 +86,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     ending = installed.ending
     if ending is not None:
         installed.ending = None
+        if notice.task_code_ended():
+            return  # the attempt ended after the watcher decided: its runner has the notice
         raise ending
     notice.notify_signal(signum, installed.grace_seconds)
     previous = installed.previous.get(signum)
@@ -108,6 +112,7 @@ class PreemptionHandler:
         installed = _installed()
         with installed.lock:
             installed.users -= 1
+            notice.runner_left()
             if installed.users:
                 return
             for signum in installed.previous:
@@ -304,6 +309,8 @@ def _watch(stop: threading.Event) -> None:
             notice.refresh_load_factor()  # here, not in the handler: it reads /proc
             measured = time.monotonic()
         current = notice.current_notice()
+        if notice.task_code_ended():
+            continue  # no task code to end: the runner deals with the attempt that ended
         if current is not None and current is ended and not notice.taken_over():
             now = time.monotonic()
             if now >= again_at and _installed().ending is None and now < current.deadline:
@@ -329,8 +336,13 @@ def _watch(stop: threading.Event) -> None:
         while not (done := notice.wait_for_saves(min(until, time.monotonic() + _POLL_SECONDS))):
             if notice.taken_over() or stop.is_set() or time.monotonic() >= until:
                 break
-        if notice.taken_over() or stop.is_set() or notice.current_notice() is not current:
-            continue  # taken over, uninstalled, or cleared by a runner starting another attempt
+        if (
+            notice.taken_over()
+            or stop.is_set()
+            or notice.current_notice() is not current
+            or notice.task_code_ended()
+        ):
+            continue  # taken over, uninstalled, the attempt ended, or cleared by a runner starting another
         detail = (
             "the saves in flight committed first"
             if done

@@ -57,6 +57,7 @@ __all__ = [
     "preempted_exit",
     "preemption_of",
     "refresh_load_factor",
+    "runner_left",
     "safety_margin",
     "save_deadline",
     "save_in_flight",
@@ -64,6 +65,8 @@ __all__ = [
     "stop_expecting_exit",
     "take_over",
     "taken_over",
+    "task_code_ended",
+    "task_code_running",
     "wait_for_saves",
 ]
 
@@ -252,6 +255,32 @@ def take_over() -> None:
 def taken_over() -> bool:
     """Whether task code took the notice over (:func:`take_over`)."""
     return STATE.taken_over
+
+
+@contextmanager
+def task_code_running() -> Iterator[None]:
+    """Around a runner's call of one attempt's task code: once it has returned or raised, the
+    handler no longer ends the main thread (:func:`task_code_ended`) until another attempt's
+    code runs. Otherwise an ending meant for the attempt that just ended, decided by the watcher
+    a moment before, would be raised in the runner's own code as it retries, and out of it."""
+    STATE.attempts_running += 1
+    STATE.between_attempts = False
+    try:
+        yield
+    finally:
+        STATE.attempts_running -= 1
+        STATE.between_attempts = STATE.attempts_running == 0
+
+
+def task_code_ended() -> bool:
+    """Whether a runner's attempt has ended and no other attempt's task code runs yet."""
+    return STATE.between_attempts
+
+
+def runner_left() -> None:
+    """A preemption handler was uninstalled (a runner is done): the code that runs on is no
+    runner's attempt, and is ended like any other when it does not handle a notice."""
+    STATE.between_attempts = False
 
 
 def clear() -> None:

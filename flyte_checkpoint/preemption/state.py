@@ -142,6 +142,11 @@ class PreemptionState:
         and for the interrupted code), so a signal handler may set it."""
         self.taken_over = False
         """Whether task code read the notice: it stops by itself, the handler does not end it."""
+        self.attempts_running = 0
+        """Runners' attempts whose task code runs now (nested runners count each)."""
+        self.between_attempts = False
+        """Whether a runner's attempt ended and no other has started: there is no task code for
+        the handler to end, only the runner's own, which handles the ending itself."""
         self.cleared_at = float("-inf")
         """``time.monotonic()`` of the last clear (a runner starting another attempt)."""
         self.clear_lock = threading.Lock()
@@ -161,6 +166,7 @@ class PreemptionState:
         self.handler.give_back_in_child()
         self.handler = HandlerState()  # the parent's threads did not come along; its lock may have been held
         self.notice, self.taken_over = None, False
+        self.attempts_running, self.between_attempts = 0, False
         self.exit_expected, self.exit_override = False, None  # the child has the handlers of before ours
         self.clear_lock = threading.Lock()
         self.saves, self.saves_in_flight = threading.Condition(), 0

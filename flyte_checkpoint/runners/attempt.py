@@ -125,7 +125,7 @@ def attempt_scope(context: TaskContext) -> Iterator[TaskContext]:
     """
     with _saves_accounted(context):
         try:
-            with task_context(context):
+            with notice.task_code_running(), task_context(context):
                 yield context
         except BaseException as leaving:
             _close_helper(context, leaving)
@@ -144,7 +144,7 @@ async def attempt_scope_async(context: TaskContext) -> AsyncIterator[TaskContext
     """
     with _saves_accounted(context):
         try:
-            with task_context(context):
+            with notice.task_code_running(), task_context(context):
                 yield context
         except BaseException as leaving:
             await asyncio.to_thread(_close_helper, context, leaving)
