@@ -14,16 +14,23 @@ from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.runners.retries import RetryPlan
 
 
-def test_a_save_refused_at_the_notice_ends_the_attempt_as_preempted_not_failed(tmp_path: Path) -> None:
-    def task() -> str:
-        context = ctx()
-        assert context is not None
-        if context.attempt_number == 0:
-            notice.notify_signal(signal.SIGTERM, 30.0)
-            raise PreemptionDeadlineError("not saving: no time is left")
-        return "done"
+def refused_at_the_notice_then_done() -> str:
+    """Attempt 0 gets a notice and its save is refused; the next attempt finishes."""
+    context = ctx()
+    assert context is not None
+    if context.attempt_number == 0:
+        notice.notify_signal(signal.SIGTERM, 30.0)
+        raise PreemptionDeadlineError("not saving: no time is left")
+    return "done"
 
-    assert run_with_retries(task, retries=0, preemption_retries=1, checkpoint_dir=tmp_path) == "done"
+
+def test_a_save_refused_at_the_notice_ends_the_attempt_as_preempted_not_failed(tmp_path: Path) -> None:
+    assert (
+        run_with_retries(
+            refused_at_the_notice_then_done, retries=0, preemption_retries=1, checkpoint_dir=tmp_path
+        )
+        == "done"
+    )
 
 
 def test_the_failure_after_the_notice_is_kept_as_the_cause_of_the_preemption(tmp_path: Path) -> None:
@@ -60,15 +67,12 @@ def test_an_attempt_that_ended_is_not_ended_again_while_the_runner_retries_it(
 
     monkeypatch.setattr(RetryPlan, "preempted", slow_bookkeeping)
 
-    def task() -> str:
-        context = ctx()
-        assert context is not None
-        if context.attempt_number == 0:
-            notice.notify_signal(signal.SIGTERM, 30.0)
-            raise PreemptionDeadlineError("not saving: no time is left")
-        return "done"
-
-    assert run_with_retries(task, retries=0, preemption_retries=1, checkpoint_dir=tmp_path) == "done"
+    assert (
+        run_with_retries(
+            refused_at_the_notice_then_done, retries=0, preemption_retries=1, checkpoint_dir=tmp_path
+        )
+        == "done"
+    )
 
 
 def test_code_after_a_runner_is_ended_as_usual_when_it_does_not_handle_a_notice(tmp_path: Path) -> None:
