@@ -132,7 +132,6 @@ class RetryPlan:
         if budget.used >= budget.allowed:
             exhausted = f"no {budget.name.replace('_', ' ')} left ({budget.name}={budget.allowed})"
             _note(error, f"flyte_checkpoint: attempt {self.number} {ended}; {exhausted}")
-            self.finish()
             raise error
         budget.used += 1
         counted = f"{budget.counted_as} {budget.used} of {budget.allowed}"
@@ -161,7 +160,8 @@ class RetryPlan:
             logger.info("staged %s for the next attempt", self.paths.checkpoint_path)
 
     def finish(self) -> None:
-        """Remove the checkpoint directory if this plan created it (once; later calls do nothing)."""
+        """Remove the checkpoint directory if this plan created it: the runners call it once, as
+        the run ends, however it ends."""
         if self._own_dir is not None:
             directory, lock_fd = self._own_dir
             self._own_dir = None
