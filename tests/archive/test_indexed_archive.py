@@ -6,13 +6,16 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import random
 import struct
 import subprocess
 import tarfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from isal import igzip_threaded
 
 from flyte_checkpoint import ArchiveIndexError, CheckpointCorruptError, ConfigurationError, archive
 from flyte_checkpoint.archive import members
@@ -95,6 +98,27 @@ def test_an_incompressible_tree_costs_no_more_than_its_size_and_text_compresses(
     weights = (tree / "weights" / "model.bin").stat().st_size
     assert weights < len(data) < weights + len(TEXT) // 3  # stored weights, deflated text
     assert len(data) < len(packed(tree, level=0))
+
+
+def log_lines(number: int, rng: random.Random) -> bytes:
+    """A training log as the benchmark's: structured lines, each with 8 random hex digits."""
+    return b"".join(
+        f"{number:02d} step={step} loss={1 / (step + 1):.6f} lr=3e-4 grad_norm={(step % 97) / 13:.4f} "
+        f"tokens_per_s={12000 + step % 517} note=checkpoint {rng.getrandbits(32):08x}\n".encode()
+        for step in range(9000)
+    )
+
+
+def test_training_logs_pack_smaller_than_the_single_stream_saves_wrote_before(tmp_path: Path) -> None:
+    rng = random.Random(31)
+    for number in range(8):
+        (tmp_path / f"log-{number}.txt").write_bytes(log_lines(number, rng))
+    ours = packed(tmp_path)
+    single_stream = io.BytesIO()
+    opener: Any = igzip_threaded.open  # untyped; the writer saves used before the indexed layout
+    with opener(single_stream, "wb", compresslevel=1, threads=2) as out:
+        out.write(gzip.decompress(ours))
+    assert len(ours) < len(single_stream.getvalue())
 
 
 def test_an_object_is_independent_members_ending_in_an_index_and_a_tail(tree: Path) -> None:
