@@ -18,6 +18,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flyte_checkpoint.archive.positional import PositionalReads, positional_reads
 from flyte_checkpoint.errors import ArchiveLimitError, ConfigurationError
 
 MIB = 1 << 20
@@ -196,3 +197,24 @@ class CountingReader(io.RawIOBase):
         data = self.read(len(memoryview(buffer).cast("B")))
         memoryview(buffer).cast("B")[: len(data)] = data
         return len(data)
+
+    def positional_reads(self) -> _CountedPositionalReads | None:
+        """The source's reads at offsets, if it offers them, with skipped bytes counted too."""
+        inner = positional_reads(self._source)
+        return None if inner is None else _CountedPositionalReads(self, inner)
+
+
+class _CountedPositionalReads:
+    def __init__(self, counter: CountingReader, inner: PositionalReads) -> None:
+        self._counter = counter
+        self._inner = inner
+
+    def consumed(self) -> int:
+        return self._inner.consumed()
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return self._inner.read_at(offset, size)
+
+    def skip(self, length: int, crc: int) -> None:
+        self._inner.skip(length, crc)
+        self._counter.count += length

@@ -3,10 +3,14 @@
 The caller's thread reads the object as a stream (so the store's digest still covers every
 byte), splits it into members by the lengths their headers declare, hands each data member to
 the pool to be checked and inflated, and returns the blocks in order, at most ``threads + 1``
-members ahead. A stored member laid out as this package writes one is not copied at all: its
-content is handed on as views of the member as read, once the pool has checked its CRC-32. The
-extraction that consumes the blocks is the same as the streaming path's, with every safety
-check it makes.
+members ahead. Where the stream can also be read at offsets (a local file,
+:mod:`.positional`), the caller's thread reads only each member's header and the pool reads
+the member itself: that read, a copy of every byte, was most of the serial work of loading
+stored weights. The stream then skips each member as it is handed on, with the CRC-32 the pool
+computed, so its digest still covers every byte, in order. A stored member laid out as this
+package writes one is not copied at all: its content is handed on as views of the member as
+read, once the pool has checked its CRC-32. The extraction that consumes the blocks is the same
+as the streaming path's, with every safety check it makes.
 
 Nothing in the object is trusted: each member must inflate to exactly the size it declares,
 with its CRC-32; the index members and the tail must agree with the data members actually read
@@ -17,15 +21,23 @@ stops early raises :class:`~flyte_checkpoint.errors.CheckpointCorruptError`.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import IO
 
 from flyte_checkpoint.archive import members
+from flyte_checkpoint.archive.positional import PositionalReads, positional_reads
 from flyte_checkpoint.errors import ArchiveIndexError, CheckpointCorruptError
 
 THREAD_PREFIX = "flyte-checkpoint-gunzip"
+
+_Content = bytes | list[memoryview]
+_Skips = tuple[tuple[int, int], ...]
+"""Bytes read at their offsets, as (length, CRC-32) in order, for the stream to skip."""
+_Member = tuple[_Content, _Skips]
 
 
 class IndexedReader(io.RawIOBase):
@@ -45,13 +57,18 @@ class IndexedReader(io.RawIOBase):
             else None
         )
         self._pool = pool or self._own_pool
+        # Read at offsets only where the stream's offsets are the archive's: ``head`` is all it
+        # has consumed. The first member is read in order, the rest at their offsets.
+        found = positional_reads(source) if self._pool is not None else None
+        self._positional = found if found is not None and found.consumed() == len(head) else None
         self._ahead = threads + 1
-        self._pending: deque[Future[bytes | list[memoryview]] | bytes | list[memoryview]] = deque()
+        self._pending: deque[Future[_Member] | _Member] = deque()
         self._pieces: deque[bytes | memoryview] = deque()
         self._seen: list[tuple[int, int]] = []
         self._listed: list[tuple[int, int]] = []
         self._index_offset: int | None = None
         self._done = False
+        self._ended = False
 
     def readable(self) -> bool:
         return True
@@ -72,10 +89,14 @@ class IndexedReader(io.RawIOBase):
         while not self._pieces:
             self._fill()
             if not self._pending:
+                self._end_of_stream()
                 return b""
             item = self._pending.popleft()
-            content = item.result() if isinstance(item, Future) else item
-            self._pieces.extend(content if isinstance(content, list) else (content,))
+            content, skips = item.result() if isinstance(item, Future) else item
+            for length, crc in skips:
+                self._skip(length, crc)
+            if content:
+                self._pieces.extend(content if isinstance(content, list) else (content,))
         piece = self._pieces[0]
         if size < 0 or size >= len(piece):
             return self._pieces.popleft()
@@ -114,30 +135,55 @@ class IndexedReader(io.RawIOBase):
     def _read_exact(self, size: int, what: str) -> bytes:
         data = self._read(size)
         if len(data) < size:
-            raise CheckpointCorruptError(
-                f"damaged archive: it ends at byte {self._offset}, inside {what}: the object is truncated"
-            )
+            raise _truncated(self._offset, what)
         return data
+
+    def _read_at(self, positional: PositionalReads, offset: int, size: int, what: str) -> bytes:
+        data = positional.read_at(offset, size)
+        if len(data) < size:
+            raise _truncated(offset + len(data), what)
+        return data
+
+    def _skip(self, length: int, crc: int) -> None:
+        if self._positional is not None:
+            self._positional.skip(length, crc)
 
     def _next_member(self) -> None:
         start = self._offset
-        head = self._read(members.HEADER_PREFIX)
+        positional = None if self._head else self._positional
+        if positional is None:
+            head = self._read(members.HEADER_PREFIX)
+        else:
+            head = positional.read_at(start, members.DATA_HEADER)
+        if len(head) < members.HEADER_PREFIX and positional is not None:
+            self._settle()  # where the object ends inside a member read at its offset, say so
         if not head:
             raise CheckpointCorruptError(
                 f"damaged archive: it ends at byte {start} after {len(self._seen)} data members, "
                 "before the end of its index: the object is truncated"
             )
         if len(head) < members.HEADER_PREFIX:
-            raise CheckpointCorruptError(
-                f"damaged archive: it ends at byte {self._offset}, inside a member header: the "
-                "object is truncated"
-            )
+            raise _truncated(start + len(head), "a member header")
         frame = members.frame(head, start)
-        rest = self._read_exact(frame.length - len(head), f"the member that starts at byte {start}")
-        if frame.kind == members.KIND_DATA:
-            self._data(rest, start, frame)
-            return
-        member = head + rest
+        what = f"the member that starts at byte {start}"
+        if positional is not None:
+            self._offset = start + frame.length
+            if frame.kind == members.KIND_DATA:
+                if len(head) < members.DATA_HEADER:
+                    raise _truncated(start + len(head), what)
+                rest_at = start + members.HEADER_PREFIX
+                head_crc = members.crc32(head[: members.HEADER_PREFIX])
+                job = functools.partial(self._read_member_at, positional, rest_at, frame, head_crc)
+                self._data(head[members.HEADER_PREFIX :], start, frame, job)
+                return
+            member = self._read_at(positional, start, frame.length, what)
+            skips: _Skips = ((frame.length, members.crc32(member)),)
+        else:
+            rest = self._read_exact(frame.length - len(head), what)
+            if frame.kind == members.KIND_DATA:
+                self._data(rest, start, frame, functools.partial(_decoded, rest, start, frame))
+                return
+            member, skips = head + rest, ()
         members.check_fixed(member, start, frame)
         if frame.kind == members.KIND_INDEX:
             if self._index_offset is None:
@@ -148,14 +194,23 @@ class IndexedReader(io.RawIOBase):
                     f"damaged archive: its index lists {len(self._listed)} data members by byte "
                     f"{self._offset}, but it holds {len(self._seen)}"
                 )
+            self._pending.append((b"", skips))
         else:
             self._tail(member, start)
-            self._pending.append(bytes(members.TAIL_CONTENT))
+            self._pending.append((bytes(members.TAIL_CONTENT), skips))
 
-    def _data(self, rest: bytes, start: int, frame: members.Frame) -> None:
+    def _settle(self) -> None:
+        """Wait for the members queued, raising the first one's error, if any."""
+        for item in self._pending:
+            if isinstance(item, Future):
+                item.result()
+
+    def _data(self, fields: bytes, start: int, frame: members.Frame, job: Callable[[], _Member]) -> None:
+        """Queue the data member at ``start``, whose header's own fields begin ``fields``, to be
+        decoded by ``job`` on the pool."""
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
-        declared = members.declared_size(rest, start)
+        declared = members.declared_size(fields, start)
         # Only the last member may be short, so the members too are bounded by the content.
         if self._seen and self._seen[-1][1] != members.BLOCK:
             if self._pending and isinstance(previous := self._pending[-1], Future):
@@ -165,10 +220,21 @@ class IndexedReader(io.RawIOBase):
                 f"bytes; only the last may be shorter than {members.BLOCK}"
             )
         self._seen.append((frame.length, declared))
-        if self._pool is None:
-            self._pending.append(members.decode_member(rest, start, frame))
-        else:
-            self._pending.append(self._pool.submit(members.decode_member, rest, start, frame))
+        self._pending.append(job() if self._pool is None else self._pool.submit(job))
+
+    def _read_member_at(
+        self, positional: PositionalReads, rest_at: int, frame: members.Frame, head_crc: int
+    ) -> _Member:
+        """On the pool: the data member whose header ends at ``rest_at``, read there and decoded."""
+        start = rest_at - members.HEADER_PREFIX
+        rest = self._read_at(
+            positional,
+            rest_at,
+            frame.length - members.HEADER_PREFIX,
+            f"the member that starts at byte {start}",
+        )
+        content = members.decode_member(rest, start, frame)
+        return content, ((members.HEADER_PREFIX, head_crc), (len(rest), members.crc32(rest)))
 
     def _tail(self, member: bytes, start: int) -> None:
         index_offset, count, total = members.decode_tail(member)
@@ -191,8 +257,38 @@ class IndexedReader(io.RawIOBase):
                         f"{listed[1]}, but it is {seen[0]} bytes unpacking to {seen[1]}"
                     )
                     break
-        if problem is None and self._read(1):
-            problem = f"bytes follow its tail member (at byte {self._offset - 1})"
+        if problem is None and self._follows_tail():
+            problem = f"bytes follow its tail member (at byte {self._offset})"
         if problem is not None:
             raise ArchiveIndexError(f"damaged archive: {problem}")
         self._done = True
+
+    def _follows_tail(self) -> bool:
+        """Whether the object goes on after its tail (read in order, this reaches the stream's
+        end, which makes it check its digest; read at offsets, :meth:`_end_of_stream` does)."""
+        if self._positional is None or self._head:
+            if self._read(1):
+                self._offset -= 1  # the error names where the extra bytes start
+                return True
+            self._ended = True
+            return False
+        return bool(self._positional.read_at(self._offset, 1))
+
+    def _end_of_stream(self) -> None:
+        """Once every member was handed on: read the stream's end, after skipping what was read
+        at offsets, so the stream checks its size and digest."""
+        if self._ended or not self._done:
+            return
+        self._ended = True
+        if self._source.read(1):
+            raise ArchiveIndexError(f"damaged archive: bytes follow its tail member (at byte {self._offset})")
+
+
+def _decoded(rest: bytes, start: int, frame: members.Frame) -> _Member:
+    return members.decode_member(rest, start, frame), ()
+
+
+def _truncated(at: int, what: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"damaged archive: it ends at byte {at}, inside {what}: the object is truncated"
+    )

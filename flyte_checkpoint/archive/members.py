@@ -68,6 +68,8 @@ _EMPTY_DEFLATE = b"\x03\x00"  # one final fixed-Huffman block holding nothing
 _STORED_MAX = 0xFFFF
 HEADER_PREFIX = _GZIP_FIXED.size + _SUBFIELD.size + _COMMON.size
 """Bytes from a member's start through its length field: enough to frame it."""
+DATA_HEADER = HEADER_PREFIX + _DATA.size
+"""Bytes of a data member's header: enough for :func:`declared_size` too."""
 INDEX_ENTRIES = (0xFFFF - _SUBFIELD.size - _COMMON.size - _INDEX_HEAD.size) // _ENTRY.size
 """The most data members one index member lists (an extra field holds at most 64 KiB)."""
 
@@ -187,7 +189,7 @@ def _raw_deflate(data: bytes | memoryview, level: int) -> bytes:
 
 def _deflate(block: bytes | memoryview, level: int) -> tuple[bytes, int]:
     """Raw deflate of ``block`` ending in a final block, and its CRC-32."""
-    return _raw_deflate(block, level), _crc32(block)
+    return _raw_deflate(block, level), crc32(block)
 
 
 def _zlib_deflate(data: bytes | memoryview, level: int) -> bytes:
@@ -195,7 +197,8 @@ def _zlib_deflate(data: bytes | memoryview, level: int) -> bytes:
     return deflater.compress(data) + deflater.flush()
 
 
-def _crc32(data: bytes | memoryview, start: int = 0) -> int:
+def crc32(data: bytes | memoryview, start: int = 0) -> int:
+    """The CRC-32 of ``data`` continuing from ``start`` (python-isal's, outside the GIL, where installed)."""
     return int(_isal_zlib.crc32(data, start)) if _isal_zlib is not None else zlib.crc32(data, start)
 
 
@@ -241,7 +244,7 @@ def encode_laid_out(buffer: memoryview, size: int, level: int) -> Parts:
     else:
         crc = 0
         for view in views:
-            crc = _crc32(view, crc)
+            crc = crc32(view, crc)
         body = _frame_stored(buffer, size)
     trailer = _TRAILER.pack(crc, size & 0xFFFFFFFF)
     return [_header(KIND_DATA, _DATA.pack(size), len(body) + len(trailer)), body, trailer]
@@ -254,7 +257,7 @@ def _fixed_body(kind: int) -> bytes:
     if kind == KIND_INDEX:
         return _EMPTY_DEFLATE + _TRAILER.pack(0, 0)
     content = bytes(TAIL_CONTENT)
-    return _stored(content) + _TRAILER.pack(_crc32(content), len(content))
+    return _stored(content) + _TRAILER.pack(crc32(content), len(content))
 
 
 TAIL_CONTENT = 512
@@ -386,7 +389,7 @@ def stored_content(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] 
             return None
     crc = 0
     for view in views:
-        crc = _crc32(view, crc)
+        crc = crc32(view, crc)
     if _TRAILER.unpack_from(rest, len(rest) - _TRAILER.size) != (crc, declared & 0xFFFFFFFF):
         raise ArchiveIndexError(
             f"damaged archive: the data member at byte {offset} fails its CRC-32 or length check"
@@ -414,7 +417,7 @@ def decode_data(rest: bytes, offset: int, frame_: Frame) -> bytes:
         raise ArchiveIndexError(
             f"damaged archive: {where} does not inflate to exactly the {declared} bytes it declares"
         )
-    if size != declared & 0xFFFFFFFF or crc != _crc32(content):
+    if size != declared & 0xFFFFFFFF or crc != crc32(content):
         raise ArchiveIndexError(f"damaged archive: {where} fails its CRC-32 or length check")
     return bytes(content)
 

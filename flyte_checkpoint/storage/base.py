@@ -347,6 +347,27 @@ class VerifyingReader(io.RawIOBase):
             if self._progress is not None:
                 self._progress.finish(self._size)
 
+    def positional_reads(self) -> _VerifiedPositionalReads | None:
+        """Reads at offsets beside the reads in order (see
+        :mod:`flyte_checkpoint.archive.positional`), where the stream is a file (``os.pread``)
+        and the digest is one that pieces read apart can be joined into; else ``None``."""
+        if self._digest is not None and not self._digest.joinable:
+            return None
+        try:
+            descriptor = self._stream.fileno() if self._stream.seekable() else None
+        except (OSError, ValueError):  # io.UnsupportedOperation is an OSError
+            descriptor = None
+        return None if descriptor is None else _VerifiedPositionalReads(self, descriptor)
+
+    def _skip(self, length: int, crc: int) -> None:
+        with self._translate_errors():
+            self._stream.seek(length, os.SEEK_CUR)
+        self._size += length
+        if self._digest is not None:
+            self._digest.join_crc32(crc, length)
+        if self._progress is not None:
+            self._progress.advance(self._size)
+
     def readall(self) -> bytes:
         chunks = []
         while chunk := self.read(1 << 20):
@@ -391,6 +412,30 @@ class VerifyingReader(io.RawIOBase):
         if not self.closed:
             self._stream.close()
         super().close()
+
+
+class _VerifiedPositionalReads:
+    """A file's bytes read at their offsets (``os.pread``, so from any thread), and skipped in
+    its :class:`VerifyingReader` with their CRC-32 joined into its digest."""
+
+    def __init__(self, reader: VerifyingReader, descriptor: int) -> None:
+        self._reader = reader
+        self._descriptor = descriptor
+
+    def consumed(self) -> int:
+        return self._reader._size
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        parts = []
+        with self._reader._translate_errors():
+            while size > 0 and (data := os.pread(self._descriptor, size, offset)):
+                parts.append(data)
+                offset += len(data)
+                size -= len(data)
+        return b"".join(parts)
+
+    def skip(self, length: int, crc: int) -> None:
+        self._reader._skip(length, crc)
 
 
 class Backend(abc.ABC):

@@ -10,9 +10,11 @@ import random
 import struct
 import subprocess
 import tarfile
+import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from isal import igzip_threaded
@@ -21,6 +23,7 @@ from flyte_checkpoint import ArchiveIndexError, CheckpointCorruptError, Configur
 from flyte_checkpoint.archive import members
 from flyte_checkpoint.archive.compression import THREADS_ENV, compression_threads
 from flyte_checkpoint.cpu_quota import usable_cpus
+from tests.archive.sources import ReadableAtOffsets
 
 TEXT = b"".join(b"step %d loss %.6f lr 0.0003 tokens/s 12345\n" % (i, 1 / (i + 1)) for i in range(120_000))
 
@@ -182,7 +185,39 @@ def test_single_stream_objects_of_other_tools_and_older_versions_load(tree: Path
     assert unpacked(old, tmp_path / "old") == contents(tree)
 
 
-def test_a_truncated_object_is_refused_at_every_kind_of_cut(tree: Path, tmp_path: Path) -> None:
+Opener = Callable[[bytes], IO[bytes]]
+
+
+@pytest.fixture(params=["read in order", "read at offsets"])
+def opened(request: pytest.FixtureRequest) -> Opener:
+    """How the load reads the object: a plain stream, or one it can read at offsets too (as a
+    local file), so every refusal holds for members read on the pool as well."""
+    return io.BytesIO if request.param == "read in order" else ReadableAtOffsets
+
+
+def test_a_source_readable_at_offsets_is_read_there_on_the_pool_and_accounted_in_order(
+    tree: Path, tmp_path: Path
+) -> None:
+    data = packed(tree)
+    found = split_members(data)
+    index_offset, count, _ = members.decode_tail(data[-members.TAIL_SIZE :])
+    source = ReadableAtOffsets(data)
+    archive.unpack_archive(source, tmp_path / "out", threads=2)
+    assert contents(tmp_path / "out") == contents(tree)
+    assert source.accounted_for
+    assert source.read_in_order <= found[1][0] + 1  # the first member, then the end
+    # This thread read at offsets only the headers of the members after the first, and the index
+    # and the tail members whole.
+    headers, index_and_tail = (count + 1) * members.DATA_HEADER, len(data) - index_offset
+    assert source.read_at_by_thread.pop(threading.current_thread().name) == headers + index_and_tail
+    pool_reads = index_offset - found[1][0] - (count - 1) * members.HEADER_PREFIX  # the rest of each
+    assert sum(source.read_at_by_thread.values()) == pool_reads
+    assert all(name.startswith("flyte-checkpoint") for name in source.read_at_by_thread)
+
+
+def test_a_truncated_object_is_refused_at_every_kind_of_cut(
+    tree: Path, tmp_path: Path, opened: Opener
+) -> None:
     data = packed(tree)
     found = split_members(data)
     index_offset = members.decode_tail(data[-members.TAIL_SIZE :])[0]
@@ -195,14 +230,16 @@ def test_a_truncated_object_is_refused_at_every_kind_of_cut(tree: Path, tmp_path
     }
     for number, (cut, message) in enumerate(cuts.items()):
         with pytest.raises(CheckpointCorruptError, match=message):
-            archive.unpack_archive(io.BytesIO(data[:cut]), tmp_path / f"cut{number}")
+            archive.unpack_archive(opened(data[:cut]), tmp_path / f"cut{number}", threads=2)
 
 
 def rewritten(data: bytes, at: int, value: bytes) -> bytes:
     return data[:at] + value + data[at + len(value) :]
 
 
-def test_a_tampered_index_is_refused_naming_what_disagrees(tree: Path, tmp_path: Path) -> None:
+def test_a_tampered_index_is_refused_naming_what_disagrees(
+    tree: Path, tmp_path: Path, opened: Opener
+) -> None:
     data = packed(tree)
     index_offset, count, total = members.decode_tail(data[-members.TAIL_SIZE :])
     first_entry = index_offset + members.HEADER_PREFIX + 4
@@ -216,23 +253,29 @@ def test_a_tampered_index_is_refused_naming_what_disagrees(tree: Path, tmp_path:
     }
     for number, (message, tampered) in enumerate(cases.items()):
         with pytest.raises(ArchiveIndexError, match=message):
-            archive.unpack_archive(io.BytesIO(tampered), tmp_path / f"case{number}")
+            archive.unpack_archive(opened(tampered), tmp_path / f"case{number}", threads=2)
 
 
-def test_a_data_member_that_lies_about_its_size_or_content_is_refused(tree: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("member", [0, 1], ids=["the first member", "a later member"])
+def test_a_data_member_that_lies_about_its_size_or_content_is_refused(
+    tree: Path, tmp_path: Path, opened: Opener, member: int
+) -> None:
     data = packed(tree)
-    declared_at = members.HEADER_PREFIX
+    start, frame = split_members(data)[member]
+    declared_at = start + members.HEADER_PREFIX
     lying = rewritten(data, declared_at, struct.pack("<I", members.BLOCK - 1))
     with pytest.raises(ArchiveIndexError, match="exactly the"):
-        archive.unpack_archive(io.BytesIO(lying), tmp_path / "size")
-    length_at = members.HEADER_PREFIX - 4
+        archive.unpack_archive(opened(lying), tmp_path / "size", threads=2)
+    length_at = start + members.HEADER_PREFIX - 4
     too_long = rewritten(data, length_at, struct.pack("<I", 4 * members.BLOCK))
     with pytest.raises(ArchiveIndexError, match="declares a length"):
-        archive.unpack_archive(io.BytesIO(too_long), tmp_path / "length")
-    first_length = members.frame(data[: members.HEADER_PREFIX], 0).length
-    flipped = rewritten(data, first_length - 20, bytes([data[first_length - 20] ^ 0xFF]))
-    with pytest.raises(ArchiveIndexError, match=r"data member at byte 0 (fails its CRC|does not inflate)"):
-        archive.unpack_archive(io.BytesIO(flipped), tmp_path / "crc")
+        archive.unpack_archive(opened(too_long), tmp_path / "length", threads=2)
+    end = start + frame.length
+    flipped = rewritten(data, end - 20, bytes([data[end - 20] ^ 0xFF]))
+    with pytest.raises(
+        ArchiveIndexError, match=rf"data member at byte {start} (fails its CRC|does not inflate)"
+    ):
+        archive.unpack_archive(opened(flipped), tmp_path / "crc", threads=2)
 
 
 def stored_in_small_blocks(block: bytes) -> bytes:

@@ -10,17 +10,20 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStorageError, ConfigurationError
+from flyte_checkpoint.archive import members
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, SIZE_KEY, backend_for, copy_object
 from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
 from flyte_checkpoint.storage.stores.local import (
     STAMP_KEY,
+    XATTR_NAME,
     decode_record,
     encode_record,
     remove_stale_temp_files,
@@ -448,3 +451,59 @@ except KeyboardInterrupt:
     assert result.stdout.split() == ["interrupted"], result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["obj"]
     assert target.read_bytes() == b"old"
+
+
+def test_a_local_object_read_at_offsets_and_skipped_with_true_crcs_passes_its_check(
+    tmp_path: Path,
+) -> None:
+    target, data = tmp_path / "obj", os.urandom(10_000)
+    write(str(target), data)
+    reader = backend_for(str(target)).open_read(str(target))
+    assert reader is not None
+    with reader:
+        positional = reader.positional_reads()
+        assert positional is not None
+        assert reader.read(100) == data[:100]
+        assert positional.read_at(100, 20_000) == data[100:]  # short only at the end
+        positional.skip(len(data) - 100, zlib.crc32(data[100:]))
+        assert positional.consumed() == len(data)
+        assert reader.read(1) == b""
+        assert reader.verified
+
+
+def test_a_local_object_skipped_with_a_wrong_crc_fails_its_digest_check(tmp_path: Path) -> None:
+    target, data = tmp_path / "obj", os.urandom(10_000)
+    write(str(target), data)
+    reader = backend_for(str(target)).open_read(str(target))
+    assert reader is not None
+    with reader:
+        positional = reader.positional_reads()
+        assert positional is not None
+        positional.skip(len(data), zlib.crc32(data) ^ 1)
+        with pytest.raises(CheckpointCorruptError, match="does not match the digest"):
+            reader.read(1)
+
+
+def test_a_local_object_recorded_with_sha256_is_read_only_in_order(tmp_path: Path) -> None:
+    target = tmp_path / "obj"
+    write(str(target), b"abcdef")
+    record = decode_record(os.getxattr(target, XATTR_NAME))
+    record[DIGEST_KEY] = digest_of(b"abcdef", "sha256")
+    os.setxattr(target, XATTR_NAME, encode_record(record))
+    reader = backend_for(str(target)).open_read(str(target))
+    assert reader is not None
+    with reader:
+        assert reader.positional_reads() is None  # pieces read apart cannot be joined into a SHA-256
+
+
+def test_a_directory_checkpoint_damaged_outside_every_members_crc_is_refused_on_load(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    (model_dir / "big.bin").write_bytes(os.urandom(3 << 20))  # members read at their offsets
+    target = tmp_path / "obj"
+    Checkpoint(str(target)).save_sync(model_dir)
+    data = target.read_bytes()
+    second = members.frame(data[: members.HEADER_PREFIX], 0).length
+    damage_in_place(target, second + 4, b"\x01")  # the second member's gzip MTIME: no CRC covers it
+    with pytest.raises(CheckpointCorruptError, match="does not match the digest"):
+        Checkpoint(str(tmp_path / "unused"), str(target)).load_sync()
