@@ -10,10 +10,13 @@ Generates, in a temporary directory on the disk of ``--dir``:
 
 Then measures, each operation once (``--runs`` takes the best of several):
 
-* save of the weights with :func:`flyte_checkpoint.archive.pack_directory` into a local file
-  against ``tar -cf`` of the same tree (wall and CPU seconds, children's CPU included);
-* load of that object with :func:`~flyte_checkpoint.archive.unpack_archive` against ``tar -xf``
-  of tar's uncompressed archive;
+* save of the weights with :func:`flyte_checkpoint.archive.pack_directory` into a local object
+  through the local store, as a checkpoint's save writes one (its digest, size and atomic
+  rename included), against ``tar -cf`` of the same tree (wall and CPU seconds, children's CPU
+  included);
+* load of that object with :func:`~flyte_checkpoint.archive.unpack_archive` from the local
+  store's reader, as a checkpoint's load reads one (the digest checked, members read at their
+  offsets on the pool), against ``tar -xf`` of tar's uncompressed archive;
 * load of our own weights, half-precision and text objects with 1 and with 2 threads, with the
   CPU seconds of the extracting thread and of the whole process, and from those a model of the
   load on 16 threads: the extracting thread's work is serial, the rest spreads over the threads
@@ -46,13 +49,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from flyte_checkpoint.archive import pack_directory, unpack_archive  # noqa: E402
 from flyte_checkpoint.archive.compression import compression_threads  # noqa: E402
+from flyte_checkpoint.storage import FORMAT_KEY, backend_for  # noqa: E402
 
 MIB = 1 << 20
 
@@ -148,13 +152,16 @@ def absent(path: Path) -> Callable[[], None]:
 
 
 def save(tree: Path, target: Path, threads: int | None = None) -> None:
-    with open(target, "wb") as sink:
-        pack_directory(tree, sink, threads=threads)
+    with backend_for(str(target)).open_write(str(target), {FORMAT_KEY: "archive"}) as sink:
+        pack_directory(tree, cast(IO[bytes], sink), threads=threads)
 
 
 def load(source: Path, dest: Path, threads: int | None = None) -> None:
-    with open(source, "rb") as stream:
-        unpack_archive(stream, dest, threads=threads)
+    reader = backend_for(str(source)).open_read(str(source))
+    assert reader is not None, source
+    with reader:
+        unpack_archive(cast(IO[bytes], reader), dest, threads=threads)
+        assert reader.verified, "the object's digest was not checked"
 
 
 def measure_loads(obj: Path, out: Path, runs: int, name: str, figures: dict[str, float]) -> None:
