@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 from flyte_checkpoint import Checkpoint, CheckpointCorruptError, CheckpointStorageError, ConfigurationError
 from flyte_checkpoint.archive import members
+from flyte_checkpoint.archive.positional import PositionalReads
 from flyte_checkpoint.storage import DIGEST_KEY, FORMAT_KEY, SIZE_KEY, backend_for, copy_object
 from flyte_checkpoint.storage.base import VerifyingReader
 from flyte_checkpoint.storage.digests import digest_of
@@ -453,35 +455,41 @@ except KeyboardInterrupt:
     assert target.read_bytes() == b"old"
 
 
+DATA = os.urandom(10_000)
+
+
+@pytest.fixture
+def opened_object(tmp_path: Path) -> Iterator[tuple[VerifyingReader, PositionalReads]]:
+    """A local object of :data:`DATA`, opened, with its reads at offsets."""
+    target = tmp_path / "obj"
+    write(str(target), DATA)
+    reader = backend_for(str(target)).open_read(str(target))
+    assert reader is not None
+    with reader:
+        positional = reader.positional_reads()
+        assert positional is not None
+        yield reader, positional
+
+
 def test_a_local_object_read_at_offsets_and_skipped_with_true_crcs_passes_its_check(
-    tmp_path: Path,
+    opened_object: tuple[VerifyingReader, PositionalReads],
 ) -> None:
-    target, data = tmp_path / "obj", os.urandom(10_000)
-    write(str(target), data)
-    reader = backend_for(str(target)).open_read(str(target))
-    assert reader is not None
-    with reader:
-        positional = reader.positional_reads()
-        assert positional is not None
-        assert reader.read(100) == data[:100]
-        assert positional.read_at(100, 20_000) == data[100:]  # short only at the end
-        positional.skip(len(data) - 100, zlib.crc32(data[100:]))
-        assert positional.consumed() == len(data)
-        assert reader.read(1) == b""
-        assert reader.verified
+    reader, positional = opened_object
+    assert reader.read(100) == DATA[:100]
+    assert positional.read_at(100, 20_000) == DATA[100:]  # short only at the end
+    positional.skip(len(DATA) - 100, zlib.crc32(DATA[100:]))
+    assert positional.consumed() == len(DATA)
+    assert reader.read(1) == b""
+    assert reader.verified
 
 
-def test_a_local_object_skipped_with_a_wrong_crc_fails_its_digest_check(tmp_path: Path) -> None:
-    target, data = tmp_path / "obj", os.urandom(10_000)
-    write(str(target), data)
-    reader = backend_for(str(target)).open_read(str(target))
-    assert reader is not None
-    with reader:
-        positional = reader.positional_reads()
-        assert positional is not None
-        positional.skip(len(data), zlib.crc32(data) ^ 1)
-        with pytest.raises(CheckpointCorruptError, match="does not match the digest"):
-            reader.read(1)
+def test_a_local_object_skipped_with_a_wrong_crc_fails_its_digest_check(
+    opened_object: tuple[VerifyingReader, PositionalReads],
+) -> None:
+    reader, positional = opened_object
+    positional.skip(len(DATA), zlib.crc32(DATA) ^ 1)
+    with pytest.raises(CheckpointCorruptError, match="does not match the digest"):
+        reader.read(1)
 
 
 def test_a_local_object_recorded_with_sha256_is_read_only_in_order(tmp_path: Path) -> None:
