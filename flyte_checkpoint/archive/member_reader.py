@@ -144,13 +144,18 @@ class IndexedReader(io.RawIOBase):
             raise _truncated(offset + len(data), what)
         return data
 
+    def _at_offsets(self) -> PositionalReads | None:
+        """What to read the next member with at its offset; ``None`` while it is read in order
+        (the first member, whose header was read in order before this reader was made)."""
+        return None if self._head else self._positional
+
     def _skip(self, length: int, crc: int) -> None:
         if self._positional is not None:
             self._positional.skip(length, crc)
 
     def _next_member(self) -> None:
         start = self._offset
-        positional = None if self._head else self._positional
+        positional = self._at_offsets()
         if positional is None:
             head = self._read(members.HEADER_PREFIX)
         else:
@@ -171,9 +176,8 @@ class IndexedReader(io.RawIOBase):
             if frame.kind == members.KIND_DATA:
                 if len(head) < members.DATA_HEADER:
                     raise _truncated(start + len(head), what)
-                rest_at = start + members.HEADER_PREFIX
                 head_crc = members.crc32(head[: members.HEADER_PREFIX])
-                job = functools.partial(self._read_member_at, positional, rest_at, frame, head_crc)
+                job = functools.partial(self._read_member_at, positional, start, frame, head_crc, what)
                 self._data(head[members.HEADER_PREFIX :], start, frame, job)
                 return
             member = self._read_at(positional, start, frame.length, what)
@@ -223,16 +227,11 @@ class IndexedReader(io.RawIOBase):
         self._pending.append(job() if self._pool is None else self._pool.submit(job))
 
     def _read_member_at(
-        self, positional: PositionalReads, rest_at: int, frame: members.Frame, head_crc: int
+        self, positional: PositionalReads, start: int, frame: members.Frame, head_crc: int, what: str
     ) -> _Member:
-        """On the pool: the data member whose header ends at ``rest_at``, read there and decoded."""
-        start = rest_at - members.HEADER_PREFIX
-        rest = self._read_at(
-            positional,
-            rest_at,
-            frame.length - members.HEADER_PREFIX,
-            f"the member that starts at byte {start}",
-        )
+        """On the pool: the rest of the data member at ``start`` (``what``), read there and decoded."""
+        rest_at = start + members.HEADER_PREFIX
+        rest = self._read_at(positional, rest_at, frame.length - members.HEADER_PREFIX, what)
         content = members.decode_member(rest, start, frame)
         return content, ((members.HEADER_PREFIX, head_crc), (len(rest), members.crc32(rest)))
 
@@ -266,13 +265,14 @@ class IndexedReader(io.RawIOBase):
     def _follows_tail(self) -> bool:
         """Whether the object goes on after its tail (read in order, this reaches the stream's
         end, which makes it check its digest; read at offsets, :meth:`_end_of_stream` does)."""
-        if self._positional is None or self._head:
+        positional = self._at_offsets()
+        if positional is None:
             if self._read(1):
                 self._offset -= 1  # the error names where the extra bytes start
                 return True
             self._ended = True
             return False
-        return bool(self._positional.read_at(self._offset, 1))
+        return bool(positional.read_at(self._offset, 1))
 
     def _end_of_stream(self) -> None:
         """Once every member was handed on: read the stream's end, after skipping what was read

@@ -337,11 +337,9 @@ class VerifyingReader(io.RawIOBase):
     def _account(self, data: bytes | memoryview, *, wanted: bool) -> None:
         """Count and hash ``data``; an empty answer to a real request is end-of-file: verify."""
         if len(data):
-            self._size += len(data)
             if self._digest is not None:
                 self._digest.update(data)
-            if self._progress is not None:
-                self._progress.advance(self._size)
+            self._advance(len(data))
         elif wanted:
             self._verify()
             if self._progress is not None:
@@ -362,9 +360,13 @@ class VerifyingReader(io.RawIOBase):
     def _skip(self, length: int, crc: int) -> None:
         with self._translate_errors():
             self._stream.seek(length, os.SEEK_CUR)
-        self._size += length
         if self._digest is not None:
             self._digest.join_crc32(crc, length)
+        self._advance(length)
+
+    def _advance(self, length: int) -> None:
+        """Count ``length`` more bytes of the object as read (and report the progress)."""
+        self._size += length
         if self._progress is not None:
             self._progress.advance(self._size)
 
