@@ -334,8 +334,8 @@ def _watch(stop: threading.Event) -> None:
         until = current.deadline - current.margin
         done = False
         while not (done := notice.wait_for_saves(min(until, time.monotonic() + _POLL_SECONDS))):
-            if notice.taken_over() or stop.is_set() or time.monotonic() >= until:
-                break
+            if notice.taken_over() or stop.is_set() or notice.task_code_ended() or time.monotonic() >= until:
+                break  # the attempt's end too: there is no task code left to end
         if (
             notice.taken_over()
             or stop.is_set()
