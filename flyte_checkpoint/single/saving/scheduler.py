@@ -184,6 +184,7 @@ class SaveScheduler:
         )
         with notice.save_in_flight(), finish_by(notice.save_deadline()):
             try:
+                snapshot.complete()
                 with self._durations.measure(job.content), snapshot.errors_for_the_caller():
                     save(destination.backend, destination.uri, request, retry=destination.retry)
                 self._last_save = times = job.times(background=pause is not None)

@@ -1,10 +1,12 @@
 """Cheap, consistent snapshots of save inputs, so a background save is isolated from later writes.
 
-A directory is snapshotted as a tree of hard links (one ``link()`` per file, no data copied) on
-the same filesystem; a later ``write-new-then-rename``, a delete or a new file in the source does
-not reach the snapshot. An in-place overwrite of a file *does* reach it (the inode is shared), so
-every linked file's size and mtime are recorded and checked again after the upload has read it:
-a change fails that save before it commits, rather than storing a mix of two states.
+A directory is snapshotted as hard links (one ``link()`` per file, no data copied) on the same
+filesystem, taken flat and given their tree once the caller has gone on
+(:meth:`Snapshot.complete`); a later ``write-new-then-rename``, a delete or a new file in the
+source does not reach the snapshot. An in-place overwrite of a file *does* reach it (the inode
+is shared), so every linked file's size and mtime are recorded and checked again after the
+upload has read it: a change fails that save before it commits, rather than storing a mix of
+two states.
 
 Writes through a shared writable memory map (``np.memmap``, ``torch.from_file(shared=True)``)
 move the mtime only when a clean page is first dirtied, so the check above cannot see them:
@@ -30,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flyte_checkpoint.archive import check_tree, describe_mode
+from flyte_checkpoint.archive import describe_mode, walk_tree
 from flyte_checkpoint.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -43,7 +45,6 @@ from flyte_checkpoint.lockfiles import (
     LOCK_SUFFIX,
     SNAPSHOT_PREFIX,
     create_locked,
-    is_snapshot_scratch,
     remove_owned_tree,
     sweep_abandoned,
 )
@@ -52,10 +53,26 @@ from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
 _Stamp = tuple[int, int]
 _FileId = tuple[int, int]
 
+_STAGING_SUFFIX = ".staged"
+
 _rewritten_in_place: set[_FileId] = set()
 """The files (device, inode) seen rewritten in place under a snapshot's hard link (as
 ``torch.save(state, same_path)`` does: same inode, truncated): later snapshots copy them, so the
 pattern costs a copy per save instead of every save that overlaps the next write."""
+
+
+@dataclass
+class _Layout:
+    """The tree a directory snapshot still has to be given: its files are linked flat into
+    ``staging`` so far (see :meth:`Snapshot.complete`)."""
+
+    staging: str
+    directories: list[tuple[str, os.stat_result]] = field(default_factory=list)
+    """Each directory to make, parents first, with the status of the one it mirrors."""
+    files: list[tuple[str, str]] = field(default_factory=list)
+    """Each file as staged, and where it goes."""
+    symlinks: list[tuple[str, str]] = field(default_factory=list)
+    """Each symbolic link to make, and its target."""
 
 
 @dataclass
@@ -72,6 +89,8 @@ class Snapshot:
     """The caller's path that ``data`` is a snapshot of; ``None`` when ``data`` is that path."""
     stamps: dict[str, _Stamp] = field(default_factory=dict)
     lock_fd: int | None = None
+    layout: _Layout | None = None
+    """What :meth:`complete` still has to do before ``data`` can be read."""
     copied_bytes: int = 0
     """Bytes this snapshot copied instead of linking (files rewritten in place before, mapped
     shared-writable, or on a filesystem without hard links): the cost a background save's caller
@@ -83,6 +102,34 @@ class Snapshot:
         if self.source is not None:
             return self.source
         return self.data if isinstance(self.data, Path) else None
+
+    def complete(self) -> None:
+        """Give a directory snapshot its tree, off the caller's thread, before it is read.
+
+        The caller of a background save waits only for the hard links, taken flat into one
+        staging directory: one ``mkdir`` per directory of the tree cost it more than all the
+        links (95 directories of a 128 MiB model: 5-20 ms, the links 4 ms). Here the directories
+        are made, the links moved into place and the symbolic links made; each directory then
+        gets the mode and times recorded when the snapshot was taken (deepest first, once
+        everything is in it: a read-only directory refuses new entries). Nothing here reads the
+        caller's tree, so what it changed since the snapshot does not reach this one.
+        """
+        layout, self.layout = self.layout, None
+        if layout is None:
+            return
+        try:
+            for directory, _ in layout.directories:
+                os.mkdir(directory)
+            for staged, placed in layout.files:
+                os.rename(staged, placed)
+            for placed, target in layout.symlinks:
+                os.symlink(target, placed)
+            os.rmdir(layout.staging)
+            for directory, status in reversed(layout.directories):
+                os.chmod(directory, stat.S_IMODE(status.st_mode))
+                os.utime(directory, ns=(status.st_atime_ns, status.st_mtime_ns))
+        except OSError as exc:
+            raise os_error_to_checkpoint_error(exc, str(exc.filename), "saving") from exc
 
     def verify_unchanged(self) -> None:
         """Raise :class:`InputChangedError` if any linked file changed since it was taken.
@@ -205,8 +252,6 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
         raise InvalidCheckpointInputError(
             f"cannot save {data}: it is a {describe_mode(mode)}, not a regular file or directory"
         )
-    if stat.S_ISDIR(mode):
-        check_tree(data)  # refuse what cannot be saved now, naming the caller's paths
     for place in (scratch, data.parent):  # where a killed save may have left a snapshot
         with contextlib.suppress(OSError):
             sweep_abandoned(place, SNAPSHOT_PREFIX)
@@ -216,11 +261,13 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
         if snapshot is None:
             continue
         try:
+            # Refuses what cannot be saved (naming the caller's paths) as it walks the tree.
             _mirror(data, snapshot, mapped, link=True)
             return snapshot
-        except OSError as exc:
+        except BaseException as exc:
             snapshot.discard()
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            links_impossible = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES)
+            if not isinstance(exc, OSError) or exc.errno not in links_impossible:
                 raise
     snapshot = _new_snapshot(data, scratch, strict=True)
     assert snapshot is not None
@@ -260,54 +307,43 @@ def _mirror(source: Path, snapshot: Snapshot, mapped: _Mappings, *, link: bool) 
     assert isinstance(target, Path)
     status = os.stat(source)
     if stat.S_ISREG(status.st_mode):
-        _place_file(str(source), str(target), snapshot, mapped, (status.st_dev, status.st_ino), link=link)
+        file_id = (status.st_dev, status.st_ino)
+        _place_file(str(source), str(target), str(target), snapshot, mapped, file_id, link=link)
         return
-    # Plain string paths and one scandir per directory: with pathlib and os.walk, path objects
-    # cost as much as the links themselves, and a background save's caller waits for all of it.
-    pending = [(str(source), str(target))]
-    while pending:
-        directory, mirrored = pending.pop()
-        device = os.stat(directory).st_dev  # with DirEntry.inode(), identifies files without a stat each
-        os.mkdir(mirrored)
-        with os.scandir(directory) as scan:
-            entries = sorted(scan, key=lambda entry: entry.name)
-        for entry in entries:
-            if entry.name.startswith(SNAPSHOT_PREFIX) and is_snapshot_scratch(entry.path):
-                continue
-            destination = os.path.join(mirrored, entry.name)
-            if entry.is_symlink():
-                os.symlink(_link_target(Path(entry.path), source), destination)
-            elif entry.is_dir(follow_symlinks=False):
-                pending.append((entry.path, destination))
-            elif entry.is_file(follow_symlinks=False):
-                _place_file(entry.path, destination, snapshot, mapped, (device, entry.inode()), link=link)
-            else:
-                mode = entry.stat(follow_symlinks=False).st_mode
-                raise InvalidCheckpointInputError(
-                    f"cannot save {entry.path}: it is a {describe_mode(mode)}, which a checkpoint cannot hold"
-                )
-        with contextlib.suppress(OSError):
-            shutil.copystat(directory, mirrored, follow_symlinks=False)
-
-
-def _link_target(link: Path, source: Path) -> str:
-    """A link's target, made relative when it is absolute but inside the tree being saved."""
-    target = os.readlink(link)
-    if not os.path.isabs(target):
-        return target
-    for prefix in {str(source.absolute()), os.path.realpath(source)}:
-        if target == prefix or target.startswith(prefix.rstrip(os.sep) + os.sep):
-            real_target = os.path.realpath(source) + target[len(prefix) :]
-            return os.path.relpath(real_target, os.path.realpath(link.parent))
-    return target
+    # The caller waits only for one walk of the tree (the one that refuses what cannot be saved)
+    # and the links, taken flat into one staging directory: the tree of directories they go
+    # into is made by :meth:`Snapshot.complete`, off the caller's thread.
+    layout = _Layout(staging=str(target) + _STAGING_SUFFIX)
+    os.mkdir(layout.staging)
+    snapshot.layout = layout
+    layout.directories.append((str(target), status))
+    for kind, path, name, entry_status, link_target in walk_tree(source):
+        destination = os.path.join(target, name)
+        if kind == "directory":
+            layout.directories.append((destination, entry_status))
+        elif kind == "symlink":
+            layout.symlinks.append((destination, link_target))
+        else:
+            staged = os.path.join(layout.staging, str(len(layout.files)))
+            file_id = (entry_status.st_dev, entry_status.st_ino)
+            _place_file(path, staged, destination, snapshot, mapped, file_id, link=link)
+            layout.files.append((staged, destination))
 
 
 def _place_file(
-    source: str, target: str, snapshot: Snapshot, mapped: _Mappings, file_id: _FileId, *, link: bool
+    source: str,
+    target: str,
+    placed: str,
+    snapshot: Snapshot,
+    mapped: _Mappings,
+    file_id: _FileId,
+    *,
+    link: bool,
 ) -> None:
+    """Link (or copy) ``source`` to ``target``, the path that becomes ``placed`` in the tree."""
     if link and not mapped.holds(source, file_id) and file_id not in _rewritten_in_place:
         os.link(source, target, follow_symlinks=False)
-        snapshot.stamps[target] = _stamp(os.lstat(target))
+        snapshot.stamps[placed] = _stamp(os.lstat(target))
     else:
         # A true copy: what a shared mapping writes later cannot reach it, and the kernel copies
         # (copy_file_range/sendfile) from the page cache, dirty mapped pages included.

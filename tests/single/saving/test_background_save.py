@@ -278,3 +278,68 @@ def test_a_background_failure_still_leaves_a_with_block_that_ended_normally(
     failing_uploads(monkeypatch, cp)
     with pytest.raises(CheckpointStorageError, match="injected upload failure"), cp:
         cp.save_sync(b"step 1", background=True)
+
+
+def a_tree_with_every_kind_of_entry(root: Path) -> Path:
+    (root / "sub" / "empty").mkdir(parents=True)
+    (root / "sub" / "weights.bin").write_bytes(b"w" * 1000)
+    (root / "to-weights").symlink_to("sub/weights.bin")
+    os.chmod(root / "sub", 0o550)  # read-only: a snapshot fills it before it takes this mode
+    os.utime(root / "sub", (1_000_000_000, 1_000_000_000))
+    return root
+
+
+def test_a_background_save_keeps_directories_links_and_modes_as_they_were_at_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = a_tree_with_every_kind_of_entry(tmp_path / "model")
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    started = stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp.save_sync(b"step 0", background=True)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:  # step 0 is in flight, held at the gate
+        time.sleep(0.001)
+    cp.save_sync(source, background=True)  # queued: its snapshot's tree is made after step 0
+    os.chmod(source / "sub", 0o755)
+    (source / "sub" / "late.txt").write_text("late")
+    (source / "to-weights").unlink()
+    (source / "sub" / "empty").rmdir()
+    gate.set()
+    cp.wait_sync()
+    restored = restore(target)
+    assert sorted(p.relative_to(restored).as_posix() for p in restored.rglob("*")) == [
+        "sub",
+        "sub/empty",
+        "sub/weights.bin",
+        "to-weights",
+    ]
+    assert os.readlink(restored / "to-weights") == "sub/weights.bin"
+    assert (restored / "sub").stat().st_mode & 0o777 == 0o750  # a load adds u+w (see extract)
+    assert (restored / "sub").stat().st_mtime == 1_000_000_000
+
+
+def test_a_background_saves_caller_makes_no_directory_per_directory_of_the_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "model"
+    deep = source.joinpath(*(f"level-{n}" for n in range(12)))
+    deep.mkdir(parents=True)
+    (deep / "weights.bin").write_bytes(b"w" * 1000)
+    made_by_the_caller: list[str] = []
+    real_mkdir = os.mkdir
+    caller = threading.get_ident()
+
+    def counted_mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
+        if threading.get_ident() == caller:
+            made_by_the_caller.append(os.fsdecode(path))
+        real_mkdir(path, *args, **kwargs)
+
+    cp = Checkpoint(str(tmp_path / "obj"))
+    monkeypatch.setattr(os, "mkdir", counted_mkdir)
+    cp.save_sync(source, background=True)
+    monkeypatch.undo()
+    cp.wait_sync()
+    assert len(made_by_the_caller) <= 2, made_by_the_caller  # the snapshot's own, and its staging
+    assert tree_of(restore(tmp_path / "obj")) == tree_of(source)
