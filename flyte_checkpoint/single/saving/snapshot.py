@@ -129,7 +129,8 @@ class Snapshot:
                 os.chmod(directory, stat.S_IMODE(status.st_mode))
                 os.utime(directory, ns=(status.st_atime_ns, status.st_mtime_ns))
         except OSError as exc:
-            raise os_error_to_checkpoint_error(exc, str(exc.filename), "saving") from exc
+            where = f"{self.user_path} (its snapshot at {exc.filename})"
+            raise os_error_to_checkpoint_error(exc, where, "saving") from exc
 
     def verify_unchanged(self) -> None:
         """Raise :class:`InputChangedError` if any linked file changed since it was taken.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -343,3 +345,29 @@ def test_a_background_saves_caller_makes_no_directory_per_directory_of_the_tree(
     cp.wait_sync()
     assert len(made_by_the_caller) <= 2, made_by_the_caller  # the snapshot's own, and its staging
     assert tree_of(restore(tmp_path / "obj")) == tree_of(source)
+
+
+def test_a_snapshot_whose_directories_cannot_be_made_fails_its_save_naming_the_callers_directory(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    cp.save_sync(b"old checkpoint")
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    real_mkdir = os.mkdir
+    caller = threading.get_ident()
+
+    def full_in_the_worker(path: Any, *args: Any, **kwargs: Any) -> None:
+        if threading.get_ident() != caller:  # fault injection: TMPDIR fills after the links
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fsdecode(path))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", full_in_the_worker)
+    cp.save_sync(model_dir, background=True)
+    with pytest.raises(CheckpointStorageError, match="out of space") as raised:
+        cp.wait_sync()
+    assert str(model_dir) in str(raised.value)
+    assert target.read_bytes() == b"old checkpoint"
+    assert list(scratch.iterdir()) == []  # the snapshot and its lock file are gone
