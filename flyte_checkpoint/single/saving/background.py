@@ -157,22 +157,30 @@ class BackgroundSaver:
             ):
                 job.discard()
                 self._raise_pending_error()
-            self._drop_queued()
+            # Queue the newer job before discarding the one it replaces, and count the thread
+            # live before starting it: a Ctrl-C landing anywhere here then leaves either job
+            # queued whole (never one with its snapshot half removed) and no queue without a
+            # thread to upload it.
+            dropped, self._queued = self._queued, (self._submitted + 1, job)
             self._submitted += 1
-            self._queued = (self._submitted, job)
             if not self._busy:
-                self._busy = True
                 with _live_lock:
                     _live.add(self)
                 threading.Thread(target=self._run, name=f"flyte-checkpoint-save {self._name}").start()
+                self._busy = True
+            self._supersede(dropped)
 
     def _drop_queued(self) -> None:
         """Discard the snapshot waiting for its upload: a newer state is on its way (lock held)."""
-        if self._queued is not None:
-            self._queued[1].discard()
-            self._queued = None
+        dropped, self._queued = self._queued, None
+        self._supersede(dropped)
+
+    def _supersede(self, dropped: tuple[int, SaveJob] | None) -> None:
+        """Discard ``dropped``, a job already taken off the queue (lock held)."""
+        if dropped is not None:
             self.superseded += 1
             logger.debug("background save of %s superseded by a newer one", self._name)
+            dropped[1].discard()
 
     def wait(self, *, until: Deadline | None = None) -> None:
         """Block until nothing is queued or in flight; raise the failure of the newest failed save.

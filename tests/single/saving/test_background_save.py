@@ -371,3 +371,29 @@ def test_a_snapshot_whose_directories_cannot_be_made_fails_its_save_naming_the_c
     assert str(model_dir) in str(raised.value)
     assert target.read_bytes() == b"old checkpoint"
     assert list(scratch.iterdir()) == []  # the snapshot and its lock file are gone
+
+
+def test_a_ctrl_c_while_a_newer_save_replaces_the_queued_one_still_uploads_the_newer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    started = stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp.save_sync(b"step 1", background=True)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:  # step 1 is in flight, held at the gate
+        time.sleep(0.001)
+    cp.save_sync(b"step 2", background=True)  # queued
+    real_discard = Snapshot.discard
+
+    def interrupted_discard(snapshot: Snapshot) -> None:
+        monkeypatch.setattr(Snapshot, "discard", real_discard)
+        raise KeyboardInterrupt  # fault injection: Ctrl-C lands while step 2 is being dropped
+
+    monkeypatch.setattr(Snapshot, "discard", interrupted_discard)
+    with pytest.raises(KeyboardInterrupt):
+        cp.save_sync(b"step 3", background=True)
+    gate.set()
+    cp.wait_sync()
+    assert target.read_bytes() == b"step 3"
