@@ -12,6 +12,7 @@ import fcntl
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -141,21 +142,50 @@ def make_locked_directory(parent: Path, prefix: str) -> tuple[Path, int]:
 
     First removes the ``prefix*`` directories of ``parent`` whose process died holding them
     (:func:`sweep_abandoned`), so each new one clears what killed processes left;
-    :func:`release_locked_directory` removes this one while its process lives.
+    :func:`release_locked_directory` removes this one while its process lives. The lock file is
+    made before the directory (and removed after it): a process killed between the two leaves a
+    lock file nobody holds, which the next sweep removes. The other order left, now and then, an
+    empty directory without a lock that no sweep ever found; those are removed here too.
     """
     sweep_abandoned(parent, prefix)
+    _sweep_lockless_empty(parent, prefix)
     while True:
-        directory = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        directory = parent / f"{prefix}{os.urandom(6).hex()}"
+        lock = Path(str(directory) + LOCK_SUFFIX)
         try:
-            fd = create_locked(directory.with_name(directory.name + LOCK_SUFFIX))
-        except BaseException:  # a full TMPDIR, say: without its lock no sweep would remove it
+            fd = create_locked(lock)
+        except FileExistsError:
+            continue  # the name is taken: draw another
+        if fd is None:
+            continue
+        try:
+            os.mkdir(directory, 0o700)
+        except BaseException as exc:  # a full TMPDIR, say: leave no lock file behind either
             with contextlib.suppress(OSError):
-                os.rmdir(directory)
-            raise
-        if fd is not None and directory.is_dir():
-            return directory, fd
-        if fd is not None:
+                os.unlink(lock)
             os.close(fd)
+            if isinstance(exc, FileExistsError):
+                continue
+            raise
+        return directory, fd
+
+
+LOCKLESS_AGE = 60.0
+"""Seconds an empty ``prefix*`` directory without a lock file must have existed to be removed:
+a process of an earlier version makes its directory a moment before its lock file."""
+
+
+def _sweep_lockless_empty(parent: Path, prefix: str) -> None:
+    """Remove the empty ``prefix*`` directories of this user in ``parent`` that have no lock file
+    and are older than :data:`LOCKLESS_AGE` (``rmdir`` removes nothing else)."""
+    now = time.time()
+    for directory in parent.glob(f"{prefix}*"):
+        if directory.name.endswith(LOCK_SUFFIX) or os.path.lexists(str(directory) + LOCK_SUFFIX):
+            continue
+        with contextlib.suppress(OSError):
+            status = os.lstat(directory)
+            if is_ours(status, stat.S_ISDIR) and now - status.st_mtime > LOCKLESS_AGE:
+                os.rmdir(directory)
 
 
 def release_locked_directory(directory: str, lock_fd: int) -> None:

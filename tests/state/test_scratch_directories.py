@@ -4,9 +4,11 @@ the operation, and one left by a process killed in the middle is removed by the 
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,57 @@ def test_a_scratch_whose_lock_file_cannot_be_made_is_not_left_behind(
     with pytest.raises(OSError, match="No space left"):
         save_and_load(tmp_path / "ckpt")
     assert list(private_tmpdir.iterdir()) == []
+
+
+DIE_RIGHT_AFTER_MAKING_THE_DIRECTORY = """
+import os, sys
+from pathlib import Path
+from flyte_checkpoint.lockfiles import make_locked_directory
+real_mkdir = os.mkdir
+def mkdir_then_die(path, *args, **kwargs):
+    real_mkdir(path, *args, **kwargs)
+    if os.path.basename(path).startswith("flyte-cp-state-"):
+        os._exit(9)  # as a SIGKILL landing right after the mkdir would: no cleanup runs
+os.mkdir = mkdir_then_die
+make_locked_directory(Path(sys.argv[1]), "flyte-cp-state-")
+"""
+
+
+def test_a_process_killed_right_after_making_its_scratch_leaves_nothing_the_next_save_keeps(
+    private_tmpdir: Path, tmp_path: Path
+) -> None:
+    died = subprocess.run(
+        [sys.executable, "-c", DIE_RIGHT_AFTER_MAKING_THE_DIRECTORY, str(private_tmpdir)], timeout=60
+    )
+    assert died.returncode == 9
+    assert list(private_tmpdir.iterdir())  # it left its directory
+    save_and_load(tmp_path / "ckpt")
+    assert list(private_tmpdir.iterdir()) == []
+
+
+def an_old_lockless_scratch(parent: Path, name: str) -> Path:
+    directory = parent / name
+    directory.mkdir()
+    old = time.time() - 2 * lockfiles.LOCKLESS_AGE
+    os.utime(directory, (old, old))
+    return directory
+
+
+def test_an_old_empty_scratch_without_a_lock_is_removed_by_the_next_save(
+    private_tmpdir: Path, tmp_path: Path
+) -> None:
+    an_old_lockless_scratch(private_tmpdir, "flyte-cp-state-left1234")  # as earlier versions left them
+    save_and_load(tmp_path / "ckpt")
+    assert list(private_tmpdir.iterdir()) == []
+
+
+def test_a_scratch_without_a_lock_that_is_young_or_holds_files_is_left_alone(
+    private_tmpdir: Path, tmp_path: Path
+) -> None:
+    young = private_tmpdir / "flyte-cp-state-young123"
+    young.mkdir()  # an earlier version's process may be about to lock it
+    holding = an_old_lockless_scratch(private_tmpdir, "flyte-cp-state-full1234")
+    (holding / "part-0").write_bytes(b"not ours to judge")
+    os.utime(holding, (time.time() - 1000, time.time() - 1000))
+    save_and_load(tmp_path / "ckpt")
+    assert sorted(p.name for p in private_tmpdir.iterdir()) == [holding.name, young.name]
