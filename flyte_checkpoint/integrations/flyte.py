@@ -102,6 +102,7 @@ from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.preemption.notice import check_grace_seconds
 from flyte_checkpoint.runners.attempt import ended_on_preemption
 from flyte_checkpoint.single.checkpoint import Checkpoint
+from flyte_checkpoint.storage import TransferSettings, check_transfer_settings
 
 __all__ = [
     "SUPPORTED_FLYTE_VERSIONS",
@@ -143,6 +144,7 @@ class _Installation:
     original_property: object
     our_property: property
     storage_options: Mapping[str, Any] | None
+    transfer: TransferSettings | None
     grace_seconds: float | None
     task_class: type[Any]
     original_execute: _Execute
@@ -195,6 +197,7 @@ def task_context_from_flyte(
     sdk_context: flyte.models.TaskContext | None,
     *,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
 ) -> TaskContext | None:
     """A :class:`flyte_checkpoint.TaskContext` for a running Flyte task, or ``None`` outside one.
 
@@ -213,6 +216,7 @@ def task_context_from_flyte(
         run_name=action.run_name,
         action_name=action.name,
         storage_options=storage_options,
+        transfer=transfer,
         attempt_number=_attempt_number(sdk_context, action),
         data=sdk_context.data,
     )
@@ -236,14 +240,20 @@ def _checkpoint_paths(sdk_context: flyte.models.TaskContext) -> CheckpointPaths 
     return CheckpointPaths(checkpoint_path=destination, prev_checkpoint_path=previous)
 
 
-def _storage_options() -> Mapping[str, Any] | None:
+def _installed_context(sdk_context: flyte.models.TaskContext | None) -> TaskContext | None:
+    """:func:`task_context_from_flyte` with the ``storage_options`` and ``transfer`` of
+    :func:`install`, if it ran."""
     installation = _installation
-    return installation.storage_options if installation is not None else None
+    if installation is None:
+        return task_context_from_flyte(sdk_context)
+    return task_context_from_flyte(
+        sdk_context, storage_options=installation.storage_options, transfer=installation.transfer
+    )
 
 
 def _running_flyte_task() -> TaskContext | None:
     """The context provider :func:`install` registers: the running Flyte task, if any."""
-    return task_context_from_flyte(flyte.ctx(), storage_options=_storage_options())
+    return _installed_context(flyte.ctx())
 
 
 def checkpoint() -> Checkpoint | None:
@@ -252,7 +262,8 @@ def checkpoint() -> Checkpoint | None:
     The same helper as ``flyte.ctx().checkpoint`` after :func:`install` (which type checkers see
     as the SDK's ``flyte.Checkpoint``, rejecting e.g. ``save(..., background=True)``) and as
     ``flyte_checkpoint.ctx().checkpoint``. ``None`` outside a Flyte task, or when the task has no
-    checkpoint destination. Works without :func:`install` too, with its ``storage_options`` if it ran.
+    checkpoint destination. Works without :func:`install` too, with its ``storage_options`` and
+    ``transfer`` if it ran.
     """
     context = _running_flyte_task()
     return context.checkpoint if context is not None else None
@@ -265,7 +276,7 @@ def _checkpoint_of(sdk_context: flyte.models.TaskContext) -> Checkpoint | None:
     ``flyte.models.TaskContext.checkpoint`` by :func:`flyte_checkpoint.integrations.flyte.install`;
     :func:`flyte_checkpoint.integrations.flyte.checkpoint` returns the same helper, typed as ours.
     """
-    context = task_context_from_flyte(sdk_context, storage_options=_storage_options())
+    context = _installed_context(sdk_context)
     return context.checkpoint if context is not None else None
 
 
@@ -437,27 +448,37 @@ def _check_sdk(sdk_class: type[Any], version: str) -> None:
         )
 
 
-def install(*, storage_options: Mapping[str, Any] | None = None, grace_seconds: float | None = None) -> None:
+def install(
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
+    grace_seconds: float | None = None,
+) -> None:
     """Make ``flyte.ctx().checkpoint`` (and :func:`flyte_checkpoint.ctx`) use this package, and
     run every task attempt with the preemption handler.
 
-    Idempotent: a second call changes nothing but ``storage_options`` and ``grace_seconds``.
-    ``storage_options`` are handed to every helper built for a Flyte task (fsspec options, e.g. an
-    S3 endpoint); by default the backends read credentials from the environment as usual.
+    Idempotent: a second call changes nothing but ``storage_options``, ``transfer`` and
+    ``grace_seconds``. ``storage_options`` are handed to every helper built for a Flyte task
+    (fsspec options, e.g. an S3 endpoint); by default the backends read credentials from the
+    environment as usual. ``transfer`` (:class:`~flyte_checkpoint.TransferSettings`) is this
+    package's own transfer settings for those helpers.
     ``grace_seconds`` is the time from SIGTERM to the SIGKILL (the pod's
     ``terminationGracePeriodSeconds``); ``None`` reads ``FLYTE_CHECKPOINT_GRACE_SECONDS`` when
     each attempt starts, 30 s when unset.
 
     Raises:
-        ConfigurationError: the installed SDK predates ``checkpoint_paths`` (flyte < 2.1.3), or
+        ConfigurationError: the installed SDK predates ``checkpoint_paths`` (flyte < 2.1.3),
+            ``transfer`` is not a :class:`~flyte_checkpoint.TransferSettings`, or
             ``grace_seconds`` is not a number of seconds > 0.
     """
     global _installation
     if grace_seconds is not None:
         grace_seconds = check_grace_seconds(grace_seconds)
+    check_transfer_settings(transfer)
     with _lock:
         if _installation is not None:
             _installation.storage_options = storage_options
+            _installation.transfer = transfer
             _installation.grace_seconds = grace_seconds
             return
         sdk_class: type[Any] = flyte.models.TaskContext
@@ -473,6 +494,7 @@ def install(*, storage_options: Mapping[str, Any] | None = None, grace_seconds: 
             original_property=sdk_class.__dict__.get(_PROPERTY_NAME, _MISSING),
             our_property=our_property,
             storage_options=storage_options,
+            transfer=transfer,
             grace_seconds=grace_seconds,
             task_class=task_class,
             original_execute=original_execute,

@@ -21,7 +21,7 @@ from flyte_checkpoint.lockfiles import make_locked_directory, release_locked_dir
 from flyte_checkpoint.preemption import notice
 from flyte_checkpoint.preemption.handler import install_preemption_handler
 from flyte_checkpoint.runners.attempt import acall_task, attempt_scope, attempt_scope_async, call_task
-from flyte_checkpoint.storage import copy_object
+from flyte_checkpoint.storage import TransferSettings, backend_for, copy_object
 from flyte_checkpoint.uris import clean_uri, is_local, scheme_of
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -72,6 +72,7 @@ class RetryPlan:
         storage_options: Mapping[str, Any] | None,
         run_name: str | None,
         preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
+        transfer: TransferSettings | None = None,
     ) -> None:
         self.retries = _Budget("retries", retries, "retry", "extra attempts after failed ones")
         self.preemption_retries = _Budget(
@@ -80,6 +81,7 @@ class RetryPlan:
         self.number = 0
         """The attempt running now (or next)."""
         self.storage_options = storage_options
+        self.transfer = transfer
         self.run_name = run_name
         self._own_dir: tuple[str, int] | None = None
         base = clean_uri(os.fspath(checkpoint_dir)) if checkpoint_dir is not None else None
@@ -93,6 +95,13 @@ class RetryPlan:
             # Absolute as of now: every attempt (and every rank it starts) names the same place,
             # whatever its working directory.
             base = str(Path(base).expanduser().absolute())
+        try:
+            # A misspelt option or a wrong transfer= fails the run now, naming it, instead of
+            # failing every attempt the same way until the retries are spent.
+            backend_for(base, storage_options, transfer=transfer)
+        except BaseException:
+            self.finish()
+            raise
         self.paths = CheckpointPaths(
             checkpoint_path=join_location(base, "checkpoint"),
             prev_checkpoint_path=join_location(base, "prev_checkpoint"),
@@ -112,6 +121,7 @@ class RetryPlan:
             checkpoint_paths=self.paths,
             run_name=self.run_name,
             storage_options=self.storage_options,
+            transfer=self.transfer,
             attempt_number=self.number,
         )
 
@@ -155,6 +165,7 @@ class RetryPlan:
             self.paths.prev_checkpoint_path,
             src_options=self.storage_options,
             dst_options=self.storage_options,
+            transfer=self.transfer,
         )
         if staged:
             logger.info("staged %s for the next attempt", self.paths.checkpoint_path)
@@ -175,6 +186,7 @@ def run_with_retries(
     retries: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
     run_name: str | None = None,
     preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
     grace_seconds: float | None = None,
@@ -189,6 +201,7 @@ def run_with_retries(
     retries: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
     run_name: str | None = None,
     preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
     grace_seconds: float | None = None,
@@ -202,6 +215,7 @@ def run_with_retries(
     retries: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
     run_name: str | None = None,
     preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
     grace_seconds: float | None = None,
@@ -215,9 +229,11 @@ def run_with_retries(
     the previous location (a staging failure fails that attempt and uses up a retry). The default
     ``checkpoint_dir`` is a temporary directory removed at the end, however the run ends (a
     run killed outright leaves it to the next run's sweep). ``checkpoint_dir`` may be any
-    storage URI. Returns the first successful result (awaited, for an ``async def`` task), typed
-    as ``fn``'s, or re-raises the last attempt's error with the earlier attempts' errors chained
-    as its context.
+    storage URI; ``storage_options`` and ``transfer`` (:class:`~flyte_checkpoint.TransferSettings`)
+    go to every attempt's helper and to the staging copy, and are checked before the first
+    attempt: a misspelt option fails the run at once instead of every attempt. Returns the
+    first successful result (awaited, for an ``async def`` task), typed as ``fn``'s, or
+    re-raises the last attempt's error with the earlier attempts' errors chained as its context.
 
     Preemption: the preemption handler is installed for the run (from the main thread; elsewhere
     nothing is installed) and the previous signal handlers are restored when it returns or
@@ -231,7 +247,7 @@ def run_with_retries(
     (``preemption_retries=0`` re-raises the first, e.g. to let a real preemption end the
     process). Attempts are numbered from 0 in log lines and notes, as ``attempt_number`` is.
     """
-    plan = RetryPlan(retries, checkpoint_dir, storage_options, run_name, preemption_retries)
+    plan = RetryPlan(retries, checkpoint_dir, storage_options, run_name, preemption_retries, transfer)
     try:
         with install_preemption_handler(grace_seconds=grace_seconds):
             while True:
@@ -256,6 +272,7 @@ async def run_with_retries_async(
     retries: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
     run_name: str | None = None,
     preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
     grace_seconds: float | None = None,
@@ -270,6 +287,7 @@ async def run_with_retries_async(
     retries: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
     run_name: str | None = None,
     preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
     grace_seconds: float | None = None,
@@ -283,6 +301,7 @@ async def run_with_retries_async(
     retries: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: TransferSettings | None = None,
     run_name: str | None = None,
     preemption_retries: int = DEFAULT_PREEMPTION_RETRIES,
     grace_seconds: float | None = None,
@@ -298,7 +317,7 @@ async def run_with_retries_async(
     ``checkpoint.preempted`` in its loop.
     """
     plan = await asyncio.to_thread(
-        RetryPlan, retries, checkpoint_dir, storage_options, run_name, preemption_retries
+        RetryPlan, retries, checkpoint_dir, storage_options, run_name, preemption_retries, transfer
     )
     try:
         with install_preemption_handler(grace_seconds=grace_seconds):

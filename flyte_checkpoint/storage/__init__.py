@@ -56,6 +56,7 @@ __all__ = [
     "TransferSettings",
     "VerifyingReader",
     "backend_for",
+    "check_transfer_settings",
     "copy_object",
 ]
 
@@ -91,6 +92,13 @@ def check_local_options(options: StorageOptions, transfer: TransferSettings | No
     split_transfer(options, transfer, "local disk")
 
 
+def check_transfer_settings(transfer: object) -> None:
+    """Refuse a ``transfer=`` that is not ``None`` or a :class:`~.options.TransferSettings`,
+    showing how to write it (a dict of settings is the usual slip)."""
+    if transfer is not None and not isinstance(transfer, TransferSettings):
+        raise ConfigurationError(_not_transfer_settings(transfer))
+
+
 def _not_transfer_settings(given: object) -> str:
     if isinstance(given, Mapping):
         spelled = ", ".join(f"{key}={value!r}" for key, value in given.items())
@@ -108,8 +116,7 @@ def backend_for(
     they are read from ``storage_options``, as before.
     """
     check_supported(uri)
-    if transfer is not None and not isinstance(transfer, TransferSettings):
-        raise ConfigurationError(_not_transfer_settings(transfer))
+    check_transfer_settings(transfer)
     if is_local(uri):
         check_local_options(storage_options or {}, transfer)
         return _LOCAL[local_fsync(storage_options, transfer)]
@@ -126,14 +133,16 @@ def copy_object(
     *,
     src_options: StorageOptions | None = None,
     dst_options: StorageOptions | None = None,
+    transfer: TransferSettings | None = None,
 ) -> bool:
     """Copy the object at ``src`` to ``dst`` atomically; ``False`` when ``src`` does not exist.
 
     Within one object store the copy happens server-side; otherwise the bytes stream through
-    this process into an atomic write, verified against ``src``'s recorded digest.
+    this process into an atomic write, verified against ``src``'s recorded digest. ``transfer``
+    applies to both ends (see :func:`backend_for`).
     """
-    source = backend_for(src, src_options)
-    target = backend_for(dst, dst_options)
+    source = backend_for(src, src_options, transfer=transfer)
+    target = backend_for(dst, dst_options, transfer=transfer)
     both_local = isinstance(source, LocalBackend) and isinstance(target, LocalBackend)
     if both_local or (
         not isinstance(source, LocalBackend)

@@ -62,6 +62,7 @@ def describe_checkpoint() -> str:
             "same_on_second_access": checkpoint is context.checkpoint,
             "destination": getattr(checkpoint, "remote_destination", None),
             "source": getattr(checkpoint, "remote_source", None),
+            "fsync": getattr(getattr(checkpoint, "_dest_backend", None), "fsync", None),
         }
     )
 

@@ -464,3 +464,18 @@ def test_a_checkpoint_on_object_storage_works_in_a_process_that_runs_flyte(
         restored = reader.load_sync()
         assert restored is not None
         assert restored.read_bytes() == b"state"
+
+
+def test_install_hands_its_transfer_settings_to_every_task_helper(raw_data: Path) -> None:
+    flyte_plugin.install(transfer=flyte_checkpoint.TransferSettings(fsync=True))
+    try:
+        described = json.loads(run_locally(raw_data, describe_checkpoint))
+    finally:
+        flyte_plugin.uninstall()
+    assert described["fsync"] is True
+
+
+def test_install_refuses_transfer_settings_given_as_a_dict_and_installs_nothing() -> None:
+    with pytest.raises(ConfigurationError, match=r"write transfer=TransferSettings\(fsync=True\)"):
+        flyte_plugin.install(transfer={"fsync": True})  # type: ignore[arg-type]
+    assert not flyte_plugin.is_installed()

@@ -24,6 +24,7 @@ from flyte_checkpoint import (
     CheckpointUnavailableError,
     ConfigurationError,
     InvalidCheckpointInputError,
+    TransferSettings,
     checkpoint_paths_for_run,
     ctx,
     load_and_run_task,
@@ -621,3 +622,39 @@ def test_load_and_run_task_reads_the_attempt_number_from_the_environment_by_defa
     monkeypatch.setenv("FLYTE_ATTEMPT_NUMBER", "2")
     paths = CheckpointPaths(checkpoint_path=str(tmp_path / "cur"))
     assert load_and_run_task(attempt, checkpoint_paths=paths) == 2
+
+
+def test_a_misspelt_storage_option_fails_the_run_before_its_first_attempt(temp_root: Path) -> None:
+    calls: list[int] = []
+    with pytest.raises(ConfigurationError, match="did you mean 'max_concurrency'"):
+        run_with_retries(lambda: calls.append(1), retries=3, storage_options={"max_concurency": 4})
+    assert calls == []
+    assert _run_directories(temp_root) == []
+
+
+async def test_transfer_settings_given_as_a_dict_fail_an_async_run_before_its_first_attempt(
+    tmp_path: Path,
+) -> None:
+    calls: list[int] = []
+    with pytest.raises(ConfigurationError, match=r"write transfer=TransferSettings\(fsync=True\)"):
+        await run_with_retries_async(  # type: ignore[call-overload]
+            lambda: calls.append(1),
+            retries=3,
+            checkpoint_dir=tmp_path,
+            transfer={"fsync": True},
+        )
+    assert calls == []
+
+
+def test_transfer_settings_reach_the_helper_of_every_attempt(tmp_path: Path) -> None:
+    durable: list[bool] = []
+
+    def task() -> None:
+        checkpoint = current_checkpoint()
+        durable.append(getattr(checkpoint._dest_backend, "fsync"))  # noqa: B009 - a LocalBackend's
+        checkpoint.save_sync(b"x")
+        if len(durable) == 1:
+            raise RuntimeError("planned failure")
+
+    run_with_retries(task, retries=1, checkpoint_dir=tmp_path, transfer=TransferSettings(fsync=True))
+    assert durable == [True, True]
