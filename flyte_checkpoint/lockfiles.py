@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import stat
 import tempfile
 import time
@@ -144,8 +145,9 @@ def make_locked_directory(parent: Path, prefix: str) -> tuple[Path, int]:
     (:func:`sweep_abandoned`), so each new one clears what killed processes left;
     :func:`release_locked_directory` removes this one while its process lives. The lock file is
     made before the directory (and removed after it): a process killed between the two leaves a
-    lock file nobody holds, which the next sweep removes. The other order left, now and then, an
-    empty directory without a lock that no sweep ever found; those are removed here too.
+    lock file nobody holds, which the next sweep removes. The other order (of earlier versions)
+    left, now and then, an empty directory without a lock that no sweep found; those are
+    removed here too (:func:`_sweep_lockless_empty`).
     """
     sweep_abandoned(parent, prefix)
     _sweep_lockless_empty(parent, prefix)
@@ -171,16 +173,23 @@ def make_locked_directory(parent: Path, prefix: str) -> tuple[Path, int]:
 
 
 LOCKLESS_AGE = 60.0
-"""Seconds an empty ``prefix*`` directory without a lock file must have existed to be removed:
-a process of an earlier version makes its directory a moment before its lock file."""
+"""Seconds an empty directory without a lock file must have existed to be removed: a process of
+an earlier version makes its directory a moment before its lock file."""
+
+_EARLIER_NAME = re.compile(r"[a-z0-9_]{8}")
+"""What followed the prefix in the names earlier versions drew (``tempfile.mkdtemp``'s)."""
 
 
 def _sweep_lockless_empty(parent: Path, prefix: str) -> None:
-    """Remove the empty ``prefix*`` directories of this user in ``parent`` that have no lock file
-    and are older than :data:`LOCKLESS_AGE` (``rmdir`` removes nothing else)."""
+    """Remove the empty directories of this user in ``parent`` named as earlier versions of
+    :func:`make_locked_directory` named them (``prefix`` and eight of ``mkdtemp``'s characters)
+    that have no lock file and are older than :data:`LOCKLESS_AGE`. Nothing else: ``rmdir``
+    removes only empty directories, and any other ``prefix*`` name is another tool's."""
     now = time.time()
     for directory in parent.glob(f"{prefix}*"):
-        if directory.name.endswith(LOCK_SUFFIX) or os.path.lexists(str(directory) + LOCK_SUFFIX):
+        if not _EARLIER_NAME.fullmatch(directory.name[len(prefix) :]):
+            continue
+        if os.path.lexists(str(directory) + LOCK_SUFFIX):
             continue
         with contextlib.suppress(OSError):
             status = os.lstat(directory)

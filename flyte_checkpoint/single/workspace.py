@@ -21,7 +21,8 @@ def sweep_abandoned_workspaces(temp_dir: str | None = None) -> int:
     Every workspace has a lock file beside it (``flyte-cp-XXXX.lock``), held with ``flock`` for
     the workspace's lifetime; the kernel drops the lock when the process dies, so a workspace
     whose lock can be taken was abandoned (a SIGKILLed load, say). Workspaces of other tools with
-    the same prefix have no lock file and are left alone.
+    the same prefix have no lock file and are left alone (a new workspace also removes the empty,
+    lockless ones earlier versions could leave: see ``make_locked_directory``).
     """
     return sweep_abandoned(Path(temp_dir or tempfile.gettempdir()), WORKSPACE_PREFIX)
 

@@ -143,7 +143,7 @@ def test_an_old_empty_scratch_without_a_lock_is_removed_by_the_next_save(
     assert list(private_tmpdir.iterdir()) == []
 
 
-def test_a_scratch_without_a_lock_that_is_young_or_holds_files_is_left_alone(
+def test_a_directory_without_a_lock_that_is_young_holds_files_or_is_named_otherwise_is_left_alone(
     private_tmpdir: Path, tmp_path: Path
 ) -> None:
     young = private_tmpdir / "flyte-cp-state-young123"
@@ -151,5 +151,8 @@ def test_a_scratch_without_a_lock_that_is_young_or_holds_files_is_left_alone(
     holding = an_old_lockless_scratch(private_tmpdir, "flyte-cp-state-full1234")
     (holding / "part-0").write_bytes(b"not ours to judge")
     os.utime(holding, (time.time() - 1000, time.time() - 1000))
+    another_tools = an_old_lockless_scratch(private_tmpdir, "flyte-cp-state-output")
     save_and_load(tmp_path / "ckpt")
-    assert sorted(p.name for p in private_tmpdir.iterdir()) == [holding.name, young.name]
+    assert sorted(p.name for p in private_tmpdir.iterdir()) == sorted(
+        [holding.name, young.name, another_tools.name]
+    )

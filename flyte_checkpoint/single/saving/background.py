@@ -22,6 +22,10 @@ _live: weakref.WeakSet[BackgroundSaver] = weakref.WeakSet()
 """Every saver with an upload queued or in flight."""
 _live_lock = threading.Lock()
 
+_BEGIN_SECONDS = 1.0
+"""How long a save interrupted inside ``Thread.start()`` waits to learn whether the upload
+thread exists (one that was created begins within milliseconds)."""
+
 
 def _forget_in_child() -> None:
     """A fork child has none of its parent's upload threads: its exit must not wait for them."""
@@ -157,18 +161,38 @@ class BackgroundSaver:
             ):
                 job.discard()
                 self._raise_pending_error()
-            # Queue the newer job before discarding the one it replaces, and count the thread
-            # live before starting it: a Ctrl-C landing anywhere here then leaves either job
-            # queued whole (never one with its snapshot half removed) and no queue without a
-            # thread to upload it.
+            # Queue the newer job before discarding the one it replaces, and count the upload
+            # busy and live before its thread starts: a Ctrl-C landing anywhere here then
+            # leaves either job queued whole (never one with its snapshot half removed), no
+            # queue without a thread to upload it, and no thread that wait() does not see.
             dropped, self._queued = self._queued, (self._submitted + 1, job)
             self._submitted += 1
             if not self._busy:
-                with _live_lock:
-                    _live.add(self)
-                threading.Thread(target=self._run, name=f"flyte-checkpoint-save {self._name}").start()
-                self._busy = True
+                self._start_uploading()
             self._supersede(dropped)
+
+    def _start_uploading(self) -> None:
+        """Start the upload thread, counted busy and live first (lock held)."""
+        self._busy = True
+        with _live_lock:
+            _live.add(self)
+        began = threading.Event()
+
+        def run() -> None:
+            began.set()
+            self._run()
+
+        thread = threading.Thread(target=run, name=f"flyte-checkpoint-save {self._name}")
+        try:
+            thread.start()
+        except BaseException:
+            # Interrupted inside start(): the thread may exist already, and runs once this lock
+            # is released. Only one that never began leaves the count to be undone.
+            if not began.wait(_BEGIN_SECONDS):
+                self._busy = False
+                with _live_lock:
+                    _live.discard(self)
+            raise
 
     def _drop_queued(self) -> None:
         """Discard the snapshot waiting for its upload: a newer state is on its way (lock held)."""
@@ -178,9 +202,11 @@ class BackgroundSaver:
     def _supersede(self, dropped: tuple[int, SaveJob] | None) -> None:
         """Discard ``dropped``, a job already taken off the queue (lock held)."""
         if dropped is not None:
-            self.superseded += 1
-            logger.debug("background save of %s superseded by a newer one", self._name)
-            dropped[1].discard()
+            try:
+                dropped[1].discard()
+            finally:
+                self.superseded += 1
+                logger.debug("background save of %s superseded by a newer one", self._name)
 
     def wait(self, *, until: Deadline | None = None) -> None:
         """Block until nothing is queued or in flight; raise the failure of the newest failed save.

@@ -28,7 +28,7 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +51,8 @@ from flyte_checkpoint.lockfiles import (
 from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
 
 _Stamp = tuple[int, int]
+_Entry = tuple[str, str, str, os.stat_result, str]
+"""One entry of :func:`~flyte_checkpoint.archive.walk_tree`: kind, path, name, lstat, link target."""
 _FileId = tuple[int, int]
 
 _STAGING_SUFFIX = ".staged"
@@ -129,7 +131,10 @@ class Snapshot:
                 os.chmod(directory, stat.S_IMODE(status.st_mode))
                 os.utime(directory, ns=(status.st_atime_ns, status.st_mtime_ns))
         except OSError as exc:
-            where = f"{self.user_path} (its snapshot at {exc.filename})"
+            # The staged names mean nothing to the caller: name their path, and the directory
+            # the snapshot is in (TMPDIR, or beside their path), where the error happened.
+            parent = self.owned_root.parent if self.owned_root is not None else None
+            where = f"{self.user_path} (its background save's snapshot in {parent})"
             raise os_error_to_checkpoint_error(exc, where, "saving") from exc
 
     def verify_unchanged(self) -> None:
@@ -253,6 +258,10 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
         raise InvalidCheckpointInputError(
             f"cannot save {data}: it is a {describe_mode(mode)}, not a regular file or directory"
         )
+    # The one walk of the tree, before anything is linked: it refuses what cannot be saved,
+    # naming the caller's paths, and its errors (an unreadable directory) are the caller's,
+    # never taken for a filesystem without hard links.
+    entries = list(walk_tree(data)) if stat.S_ISDIR(mode) else []
     for place in (scratch, data.parent):  # where a killed save may have left a snapshot
         with contextlib.suppress(OSError):
             sweep_abandoned(place, SNAPSHOT_PREFIX)
@@ -262,8 +271,7 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
         if snapshot is None:
             continue
         try:
-            # Refuses what cannot be saved (naming the caller's paths) as it walks the tree.
-            _mirror(data, snapshot, mapped, link=True)
+            _mirror(data, entries, snapshot, mapped, link=True)
             return snapshot
         except BaseException as exc:
             snapshot.discard()
@@ -273,7 +281,7 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
     snapshot = _new_snapshot(data, scratch, strict=True)
     assert snapshot is not None
     try:
-        _mirror(data, snapshot, mapped, link=False)
+        _mirror(data, entries, snapshot, mapped, link=False)
     except BaseException:
         snapshot.discard()
         raise
@@ -288,7 +296,10 @@ def _new_snapshot(data: Path, parent: Path, *, strict: bool = False) -> Snapshot
             lock_fd = create_locked(Path(str(root) + LOCK_SUFFIX))
             if lock_fd is not None:
                 break
-        snapshot = Snapshot(root / data.name, owned_root=root, source=data, lock_fd=lock_fd)
+        # Named as the caller's path resolves ("." by its directory's name): an empty name
+        # would make the snapshot's root its tree.
+        name = os.path.basename(os.path.abspath(data)) or "root"
+        snapshot = Snapshot(root / name, owned_root=root, source=data, lock_fd=lock_fd)
     except OSError:
         if strict:
             raise
@@ -303,7 +314,11 @@ def _new_snapshot(data: Path, parent: Path, *, strict: bool = False) -> Snapshot
     return snapshot
 
 
-def _mirror(source: Path, snapshot: Snapshot, mapped: _Mappings, *, link: bool) -> None:
+def _mirror(
+    source: Path, entries: Sequence[_Entry], snapshot: Snapshot, mapped: _Mappings, *, link: bool
+) -> None:
+    """Link (or copy) ``source`` into ``snapshot``: a file, or the directory whose
+    :func:`~flyte_checkpoint.archive.walk_tree` is ``entries``."""
     target = snapshot.data
     assert isinstance(target, Path)
     status = os.stat(source)
@@ -311,14 +326,14 @@ def _mirror(source: Path, snapshot: Snapshot, mapped: _Mappings, *, link: bool) 
         file_id = (status.st_dev, status.st_ino)
         _place_file(str(source), str(target), str(target), snapshot, mapped, file_id, link=link)
         return
-    # The caller waits only for one walk of the tree (the one that refuses what cannot be saved)
-    # and the links, taken flat into one staging directory: the tree of directories they go
-    # into is made by :meth:`Snapshot.complete`, off the caller's thread.
+    # The caller waits only for the walk and the links, taken flat into one staging directory
+    # inside the snapshot: the tree of directories they go into is made by
+    # :meth:`Snapshot.complete`, off the caller's thread.
     layout = _Layout(staging=str(target) + _STAGING_SUFFIX)
     os.mkdir(layout.staging)
     snapshot.layout = layout
     layout.directories.append((str(target), status))
-    for kind, path, name, entry_status, link_target in walk_tree(source):
+    for kind, path, name, entry_status, link_target in entries:
         destination = os.path.join(target, name)
         if kind == "directory":
             layout.directories.append((destination, entry_status))

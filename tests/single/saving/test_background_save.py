@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -13,8 +14,16 @@ from typing import Any
 
 import pytest
 
-from flyte_checkpoint import Checkpoint, CheckpointStorageError, InputChangedError, ctx, run_with_retries
+from flyte_checkpoint import (
+    Checkpoint,
+    CheckpointPermissionError,
+    CheckpointStorageError,
+    InputChangedError,
+    ctx,
+    run_with_retries,
+)
 from flyte_checkpoint import archive as archive_module
+from flyte_checkpoint.lockfiles import SNAPSHOT_PREFIX
 from flyte_checkpoint.single.saving.background import BackgroundSaver
 from flyte_checkpoint.single.saving.job import SaveJob
 from flyte_checkpoint.single.saving.snapshot import Snapshot
@@ -397,3 +406,79 @@ def test_a_ctrl_c_while_a_newer_save_replaces_the_queued_one_still_uploads_the_n
     gate.set()
     cp.wait_sync()
     assert target.read_bytes() == b"step 3"
+
+
+def test_a_ctrl_c_inside_starting_the_upload_thread_leaves_one_upload_that_wait_sees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "obj"
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    stall_uploads(monkeypatch, cp._dest_backend, gate)
+    real_start = threading.Thread.start
+    upload_threads: list[threading.Thread] = []
+
+    def interrupted_start(thread: threading.Thread) -> None:
+        real_start(thread)
+        if thread.name.startswith("flyte-checkpoint-save"):
+            upload_threads.append(thread)
+            if len(upload_threads) == 1:  # fault injection: Ctrl-C lands as the thread starts
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    with pytest.raises(KeyboardInterrupt):
+        cp.save_sync(b"step 1", background=True)
+    cp.save_sync(b"step 2", background=True)
+    waiter = threading.Thread(target=cp.wait_sync)
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive()  # wait_sync() waits for the upload held at the gate
+    gate.set()
+    waiter.join(30)
+    assert target.read_bytes() == b"step 2"
+    assert len(upload_threads) == 1
+
+
+def test_an_unreadable_directory_fails_a_background_save_at_once_without_copying_anything(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    (model_dir / "locked").mkdir()
+    real_scandir = os.scandir
+
+    def unreadable(path: Any = ".") -> Any:
+        if os.fspath(path).endswith(f"{os.sep}locked"):  # fault injection: root reads every directory
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", unreadable)
+    copied: list[str] = []
+    real_copy = shutil.copy2
+
+    def recorded_copy(source: Any, target: Any, **kwargs: Any) -> Any:
+        copied.append(os.fspath(source))
+        return real_copy(source, target, **kwargs)
+
+    monkeypatch.setattr(shutil, "copy2", recorded_copy)
+    cp = Checkpoint(str(tmp_path / "obj"))
+    with pytest.raises(CheckpointPermissionError, match="locked"):
+        cp.save_sync(model_dir, background=True)
+    assert copied == []  # not taken for a filesystem without hard links
+    assert list(scratch.iterdir()) == []
+    assert [p.name for p in model_dir.parent.iterdir() if p.name.startswith(SNAPSHOT_PREFIX)] == []
+
+
+def test_a_background_save_of_the_working_directory_as_dot_is_saved_whole(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.chdir(model_dir)
+    cp = Checkpoint(str(tmp_path / "obj"))
+    cp.save_sync(Path("."), background=True)
+    cp.wait_sync()
+    assert tree_of(restore(tmp_path / "obj")) == tree_of(model_dir)
+    assert list(scratch.iterdir()) == []
