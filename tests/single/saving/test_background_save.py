@@ -33,6 +33,15 @@ from tests.conftest import tree_of
 from tests.single.saving.faults import failing_uploads, restore, stall_uploads, stalled_checkpoint
 
 
+@pytest.fixture
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ``TMPDIR`` of the test's own, where background saves take their snapshots."""
+    directory = tmp_path / "tmpdir"
+    directory.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(directory))
+    return directory
+
+
 def test_a_background_save_returns_before_the_upload_and_lands_after_wait(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -83,17 +92,26 @@ def test_a_file_overwritten_in_place_during_upload_fails_that_save_and_keeps_the
     assert target.read_bytes() == b"old checkpoint"
 
 
+def held_in_flight(
+    target: Path, monkeypatch: pytest.MonkeyPatch, first: bytes
+) -> tuple[Checkpoint, threading.Event, list[str]]:
+    """A helper saving to ``target`` whose background save of ``first`` is in flight, held at
+    the returned gate (as every later upload is), and the uploads started so far."""
+    cp = Checkpoint(str(target))
+    gate = threading.Event()
+    started = stall_uploads(monkeypatch, cp._dest_backend, gate)
+    cp.save_sync(first, background=True)
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return cp, gate, started
+
+
 def test_a_newer_background_save_supersedes_the_queued_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "obj"
-    cp = Checkpoint(str(target))
-    gate = threading.Event()
-    started = stall_uploads(monkeypatch, cp._dest_backend, gate)
-    cp.save_sync(b"step 0", background=True)
-    deadline = time.monotonic() + 10
-    while not started and time.monotonic() < deadline:  # step 0 is in flight, held at the gate
-        time.sleep(0.001)
+    cp, gate, started = held_in_flight(target, monkeypatch, b"step 0")
     for step in range(1, 5):
         cp.save_sync(f"step {step}".encode(), background=True)
     gate.set()
@@ -305,13 +323,7 @@ def test_a_background_save_keeps_directories_links_and_modes_as_they_were_at_the
 ) -> None:
     source = a_tree_with_every_kind_of_entry(tmp_path / "model")
     target = tmp_path / "obj"
-    cp = Checkpoint(str(target))
-    gate = threading.Event()
-    started = stall_uploads(monkeypatch, cp._dest_backend, gate)
-    cp.save_sync(b"step 0", background=True)
-    deadline = time.monotonic() + 10
-    while not started and time.monotonic() < deadline:  # step 0 is in flight, held at the gate
-        time.sleep(0.001)
+    cp, gate, _ = held_in_flight(target, monkeypatch, b"step 0")
     cp.save_sync(source, background=True)  # queued: its snapshot's tree is made after step 0
     os.chmod(source / "sub", 0o755)
     (source / "sub" / "late.txt").write_text("late")
@@ -357,14 +369,11 @@ def test_a_background_saves_caller_makes_no_directory_per_directory_of_the_tree(
 
 
 def test_a_snapshot_whose_directories_cannot_be_made_fails_its_save_naming_the_callers_directory(
-    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, scratch: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "obj"
     cp = Checkpoint(str(target))
     cp.save_sync(b"old checkpoint")
-    scratch = tmp_path / "tmpdir"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     real_mkdir = os.mkdir
     caller = threading.get_ident()
 
@@ -386,13 +395,7 @@ def test_a_ctrl_c_while_a_newer_save_replaces_the_queued_one_still_uploads_the_n
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "obj"
-    cp = Checkpoint(str(target))
-    gate = threading.Event()
-    started = stall_uploads(monkeypatch, cp._dest_backend, gate)
-    cp.save_sync(b"step 1", background=True)
-    deadline = time.monotonic() + 10
-    while not started and time.monotonic() < deadline:  # step 1 is in flight, held at the gate
-        time.sleep(0.001)
+    cp, gate, _ = held_in_flight(target, monkeypatch, b"step 1")
     cp.save_sync(b"step 2", background=True)  # queued
     real_discard = Snapshot.discard
 
@@ -440,11 +443,8 @@ def test_a_ctrl_c_inside_starting_the_upload_thread_leaves_one_upload_that_wait_
 
 
 def test_an_unreadable_directory_fails_a_background_save_at_once_without_copying_anything(
-    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, scratch: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scratch = tmp_path / "tmpdir"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     (model_dir / "locked").mkdir()
     real_scandir = os.scandir
 
@@ -471,11 +471,8 @@ def test_an_unreadable_directory_fails_a_background_save_at_once_without_copying
 
 
 def test_a_background_save_of_the_working_directory_as_dot_is_saved_whole(
-    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, scratch: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scratch = tmp_path / "tmpdir"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.chdir(model_dir)
     cp = Checkpoint(str(tmp_path / "obj"))
     cp.save_sync(Path("."), background=True)
