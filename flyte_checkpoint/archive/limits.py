@@ -14,12 +14,13 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
-from typing import IO
+from typing import IO, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from flyte_checkpoint.archive.positional import PositionalReads, positional_reads
 from flyte_checkpoint.errors import ArchiveLimitError, ConfigurationError
+from flyte_checkpoint.strict_settings import StrictSettings
 
 MIB = 1 << 20
 MAX_MEMBERS_ENV = "FLYTE_CHECKPOINT_MAX_MEMBERS"
@@ -65,14 +66,16 @@ def _default_ratio() -> float | None:
     return _from_env(MAX_EXPANSION_RATIO_ENV, 100.0, whole=False, none_allowed=True)
 
 
-class ExtractionLimits(BaseModel):
+class ExtractionLimits(StrictSettings):
     """Caps that stop a hostile or runaway archive from filling the disk.
 
     Pass your own to ``Checkpoint(..., extraction_limits=ExtractionLimits(...))`` to load a
-    genuine checkpoint that exceeds a default.
+    genuine checkpoint that exceeds a default. Frozen and validated: a misspelt field or an
+    invalid value raises :class:`~flyte_checkpoint.errors.ConfigurationError` naming it (a
+    misspelt limit used to be ignored, leaving the default in force).
     """
 
-    model_config = ConfigDict(frozen=True)
+    NOUN: ClassVar[str] = "extraction limit"
 
     max_members: int = Field(default_factory=_default_members, gt=0)
     """The most entries (files, directories, links) an archive may hold (default 1,000,000)."""
@@ -95,6 +98,12 @@ class ExtractionLimits(BaseModel):
     expansion_checked_after_bytes: int = Field(default=256 * MIB, ge=0)
     """Below this much unpacked content the ratio is not checked, so small archives of zeros
     (an untouched optimizer state, an empty buffer) always load."""
+    max_manifest_bytes: int = Field(default=256 * MIB, gt=0)
+    """The largest manifest of an incremental checkpoint read (default 256 MiB). A manifest is
+    read whole and parsed before its entries are counted: about 150 bytes per file with a short
+    path and 80 more per 16 MiB chunk, so the default holds a million files; without a bound, a
+    hostile multi-gigabyte object at the checkpoint's location would take that much memory and
+    more to parse."""
 
     def for_recorded(self, content_size: int | None) -> ExtractionLimits:
         """These limits for an archive whose writer recorded ``content_size`` bytes of content.

@@ -43,11 +43,12 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from flyte_checkpoint.archive import ExtractionLimits
 from flyte_checkpoint.errors import CheckpointCorruptError
 from flyte_checkpoint.incremental.chunks import ChunkStore, parallel
 from flyte_checkpoint.incremental.condemned import read_condemned, write_condemned
 from flyte_checkpoint.incremental.layout import CHUNKS, PENDING, digest_of_chunk_uri
-from flyte_checkpoint.incremental.manifest import MANIFEST_FORMAT, is_manifest_head, parse_manifest
+from flyte_checkpoint.incremental.manifest import MANIFEST_FORMAT, is_manifest_head, read_manifest
 from flyte_checkpoint.storage import Backend, ObjectInfo
 
 logger = logging.getLogger("flyte_checkpoint")
@@ -155,7 +156,9 @@ def _referenced_by(backend: Backend, uri: str) -> set[str]:
         head = reader.read(64)
         if reader.info.recorded_format != MANIFEST_FORMAT and not is_manifest_head(head):
             return set()
-        manifest = parse_manifest(head + reader.readall(), uri)
+        # A manifest too large to read fails the collection: skipping it could remove chunks
+        # that a live checkpoint needs.
+        manifest = read_manifest(reader, uri, ExtractionLimits().max_manifest_bytes, head)
     # Not compared with the store's location (spellings differ: a path, file://): keeping the
     # chunks of a manifest that uses another store is only a missed removal, never a loss.
     return manifest.digests()

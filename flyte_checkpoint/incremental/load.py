@@ -22,22 +22,13 @@ from flyte_checkpoint.archive.links import link_resolution_problem, link_target_
 from flyte_checkpoint.errors import ArchiveLimitError, UnsafeArchiveError
 from flyte_checkpoint.incremental.chunks import DEFAULT_WORKERS, ChunkStore, parallel
 from flyte_checkpoint.incremental.layout import resolve_store
-from flyte_checkpoint.incremental.manifest import FileEntry, Manifest, parse_manifest
+from flyte_checkpoint.incremental.manifest import FileEntry, Manifest, read_manifest
 from flyte_checkpoint.storage import COPY_CHUNK, Backend
 from flyte_checkpoint.storage.errors import translated_os_errors
 
 _WHERE = "the workspace"
 _ZEROS = bytes(COPY_CHUNK)
 _ZEROS_UP_TO = 64 << 20
-
-
-def read_manifest(stream: IO[bytes], uri: str) -> Manifest:
-    """The manifest of ``uri`` that ``stream`` holds, read to its end (so a verifying reader
-    checks the recorded digest)."""
-    pieces = []
-    while piece := stream.read(COPY_CHUNK):
-        pieces.append(piece)
-    return parse_manifest(b"".join(pieces), uri)
 
 
 def restore_directory(
@@ -56,7 +47,7 @@ def restore_directory(
     :class:`UnsafeArchiveError` for a manifest that breaks the rules above,
     :class:`ArchiveLimitError` past ``limits``.
     """
-    manifest = read_manifest(stream, uri)
+    manifest = read_manifest(stream, uri, limits.max_manifest_bytes)
     _check_limits(manifest, limits, uri)
     store = ChunkStore(
         resolve_store(uri, manifest.chunk_store), chunk_size=manifest.chunk_size, workers=workers

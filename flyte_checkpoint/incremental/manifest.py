@@ -11,11 +11,12 @@ to itself.
 from __future__ import annotations
 
 import json
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from flyte_checkpoint.errors import CheckpointCorruptError
+from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError
+from flyte_checkpoint.storage import COPY_CHUNK
 
 MANIFEST_FORMAT: Final = "flyte-checkpoint-incremental"
 """The ``format`` field of every manifest, and the object's recorded format."""
@@ -95,6 +96,31 @@ class Manifest(BaseModel):
 def is_manifest_head(head: bytes) -> bool:
     """Whether an object starting with ``head`` is a manifest (by its magic)."""
     return head.startswith(MANIFEST_MAGIC)
+
+
+class Readable(Protocol):
+    """What a manifest is read from: a store's reader, a file."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+def read_manifest(stream: Readable, uri: str, max_bytes: int, head: bytes = b"") -> Manifest:
+    """The manifest of ``uri`` that ``stream`` holds after ``head``, read to its end (so a
+    verifying reader checks the recorded digest); :class:`ArchiveLimitError` once it passes
+    ``max_bytes`` (:attr:`~flyte_checkpoint.archive.ExtractionLimits.max_manifest_bytes`),
+    before more is read."""
+    pieces = [head]
+    size = len(head)
+    while piece := stream.read(min(COPY_CHUNK, max_bytes + 1 - size)):
+        pieces.append(piece)
+        size += len(piece)
+        if size > max_bytes:
+            raise ArchiveLimitError(
+                f"incremental checkpoint {uri} has a manifest of more than {max_bytes} bytes, over "
+                "the limit; if it is genuine (millions of files), load it with "
+                f"ExtractionLimits(max_manifest_bytes=...) above {max_bytes}"
+            )
+    return parse_manifest(b"".join(pieces), uri)
 
 
 def parse_manifest(data: bytes, uri: str) -> Manifest:

@@ -27,7 +27,8 @@ from flyte_checkpoint.errors import (
     CheckpointUnavailableError,
     ConfigurationError,
 )
-from flyte_checkpoint.storage.options import accepted_options, unknown_option
+from flyte_checkpoint.storage.options import accepted_options
+from flyte_checkpoint.strict_settings import unknown_option
 from flyte_checkpoint.uris import container_and_key
 
 _TRANSIENT_ERRNOS = frozenset(

@@ -11,20 +11,20 @@ and fail only in production on S3.
 from __future__ import annotations
 
 import asyncio
-import difflib
 import functools
 import importlib
 import inspect
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from flyte_checkpoint.errors import ConfigurationError
 from flyte_checkpoint.storage.base import FSYNC_OPTION
 from flyte_checkpoint.storage.deadline import TransferBound
 from flyte_checkpoint.storage.retry import REQUEST_ATTEMPTS, RetryPolicy
+from flyte_checkpoint.strict_settings import StrictSettings, unknown_option, validation_error
 
 logger = logging.getLogger("flyte_checkpoint")
 
@@ -89,31 +89,7 @@ def check_names(options: Mapping[str, Any], accepted: Iterable[str], where: str)
             raise unknown_option(str(name), allowed, where)
 
 
-def unknown_option(
-    name: str, accepted: Sequence[str], where: str, noun: str = "storage option"
-) -> ConfigurationError:
-    """The error for storage option ``name`` (or another ``noun``), which ``where`` does not
-    accept (empty ``accepted``: the list could not be had)."""
-    close = difflib.get_close_matches(name, accepted, n=1)
-    suggestion = f" (did you mean {close[0]!r}?)" if close else ""
-    listed = ", ".join(accepted) or "see the fsspec implementation's documentation"
-    return ConfigurationError(
-        f"{noun} {name!r} is not accepted by {where}{suggestion}; check its spelling or "
-        f"remove it. Accepted: {listed}"
-    )
-
-
-def validation_error(exc: ValidationError, where: str, noun: str = "storage option") -> ConfigurationError:
-    """The :class:`ConfigurationError` for a transfer setting pydantic refused (``noun``: how the
-    setting was given, a storage option or a ``TransferSettings`` field)."""
-    problems = "; ".join(
-        f"{noun} {'.'.join(str(part) for part in error['loc'])!r}={error.get('input')!r}: {error['msg']}"
-        for error in exc.errors()
-    )
-    return ConfigurationError(f"invalid {noun}s for {where}: {problems}")
-
-
-class TransferSettings(BaseModel):
+class TransferSettings(StrictSettings):
     """This package's own transfer settings: how parallel a save or load is (and so how much
     memory it holds, see :func:`~flyte_checkpoint.storage.parallel.sizing.transfer_memory`), how
     long it may take, and whether local writes are fsynced.
@@ -126,7 +102,7 @@ class TransferSettings(BaseModel):
     :class:`~flyte_checkpoint.errors.ConfigurationError` naming it and what is accepted.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    NOUN: ClassVar[str] = "transfer setting"
 
     max_concurrency: int = Field(default=8, ge=1, le=64)
     """Upload parts or download ranges in flight at once (storage option ``max_concurrency``)."""
@@ -167,19 +143,6 @@ class TransferSettings(BaseModel):
     )
     """Storage options that belong to this module alone (``max_concurrency`` is also s3fs's and
     adlfs's name for the same thing, so it is read but left for them)."""
-
-    def __init__(self, **settings: Any) -> None:
-        """Refuse, as :class:`~flyte_checkpoint.errors.ConfigurationError`, a field that does
-        not exist (naming the closest one and every accepted one) and an invalid value."""
-        fields = tuple(type(self).model_fields)
-        for name in settings:
-            if name not in fields:
-                raise unknown_option(name, fields, "TransferSettings", noun="transfer setting")
-        try:
-            super().__init__(**settings)
-        except ValidationError as exc:
-            # The pydantic error stays as the cause: from_storage_options words it as storage options.
-            raise validation_error(exc, "TransferSettings", noun="transfer setting") from exc
 
     @classmethod
     def from_storage_options(cls, options: Mapping[str, Any]) -> tuple[TransferSettings, dict[str, Any]]:

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flyte_checkpoint import Checkpoint, InvalidCheckpointInputError, archive
+from flyte_checkpoint import Checkpoint, ConfigurationError, InvalidCheckpointInputError, archive
 from flyte_checkpoint.archive import (
     ExtractionLimits,
     pack_directory,
@@ -429,6 +429,18 @@ def test_a_tar_stream_that_stops_between_members_is_truncated(tree: Path, tmp_pa
     cut = cut[: len(cut) + (-len(cut) % tarfile.BLOCKSIZE)]  # the last member ends; no end marker
     with pytest.raises(CheckpointCorruptError, match="truncated"):
         unpacked(cut, tmp_path / "restored", compressed=False)
+
+
+def test_a_misspelt_extraction_limit_is_refused_naming_the_closest_one() -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"'max_member' is not accepted .*did you mean 'max_members'"
+    ):
+        ExtractionLimits(max_member=5)  # type: ignore[call-arg]
+
+
+def test_an_invalid_extraction_limit_names_itself_and_its_value() -> None:
+    with pytest.raises(ConfigurationError, match=r"extraction limit 'max_total_bytes'=0"):
+        ExtractionLimits(max_total_bytes=0)
 
 
 def test_a_genuine_archive_within_the_limits_unpacks(tree: Path, tmp_path: Path) -> None:

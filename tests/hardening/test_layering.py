@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
         "errors tree_removal cpu_quota",
-        "environment lockfiles progress running newest_file steps timebounds",
+        "environment lockfiles progress running newest_file steps strict_settings timebounds",
         "uris archive",
         "storage",
         "incremental",

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flyte_checkpoint import Checkpoint
-from flyte_checkpoint.errors import CheckpointChunkError, CheckpointCorruptError
+from flyte_checkpoint import Checkpoint, ExtractionLimits
+from flyte_checkpoint.errors import ArchiveLimitError, CheckpointChunkError, CheckpointCorruptError
 from flyte_checkpoint.incremental.manifest import ChunkRef, DirectoryEntry, FileEntry, Manifest
 from flyte_checkpoint.single.workspace import WORKSPACE_PREFIX
 from flyte_checkpoint.tree_removal import remove_tree
@@ -137,3 +137,30 @@ def test_a_chunk_grown_past_its_listed_size_is_refused_without_reading_it(tmp_pa
         finally:
             tracemalloc.stop()
     assert peak < 16 << 20
+
+
+def _manifest_of_many_directories(dest: Path, count: int) -> int:
+    listed = tuple(DirectoryEntry(path=f"d{number:07d}", mode=0o755) for number in range(count))
+    encoded = Manifest(chunk_store="ckpt.chunks", chunk_size=1, directories=listed).encode()
+    dest.write_bytes(encoded)
+    return len(encoded)
+
+
+def test_a_manifest_over_the_size_limit_is_refused_naming_the_setting_to_raise(temp_dir: Path) -> None:
+    dest = temp_dir / "ckpt"
+    size = _manifest_of_many_directories(dest, 40_000)  # about 1.4 MiB
+    limits = ExtractionLimits(max_manifest_bytes=size - 1)
+    helper = Checkpoint(temp_dir / "next", checkpoint_src=dest, extraction_limits=limits)
+    with helper, pytest.raises(ArchiveLimitError, match=r"ExtractionLimits\(max_manifest_bytes=\.\.\.\)"):
+        helper.load_sync()
+    assert not [path for path in temp_dir.glob(f"{WORKSPACE_PREFIX}*") if path.is_dir()]
+
+
+def test_a_manifest_within_the_size_limit_loads(temp_dir: Path) -> None:
+    dest = temp_dir / "ckpt"
+    size = _manifest_of_many_directories(dest, 2_000)
+    limits = ExtractionLimits(max_manifest_bytes=size)
+    with Checkpoint(temp_dir / "next", checkpoint_src=dest, extraction_limits=limits) as helper:
+        restored = helper.load_sync()
+        assert restored is not None
+        assert len(list(restored.iterdir())) == 2_000

@@ -42,7 +42,7 @@ def test_the_settings_are_exported_frozen_and_picklable() -> None:
 
 def test_a_misspelt_setting_names_itself_the_closest_setting_and_every_accepted_one() -> None:
     with pytest.raises(ConfigurationError) as refused:
-        TransferSettings(part_sise=16 * MiB)
+        TransferSettings(part_sise=16 * MiB)  # type: ignore[call-arg]
     message = str(refused.value)
     assert "'part_sise'" in message
     assert "did you mean 'part_size'" in message
@@ -56,7 +56,7 @@ def test_a_misspelt_setting_names_itself_the_closest_setting_and_every_accepted_
 )
 def test_an_invalid_setting_names_itself_and_its_value(name: str, value: object) -> None:
     with pytest.raises(ConfigurationError, match=rf"transfer setting '{name}'={value!r}"):
-        TransferSettings(**{name: value})
+        TransferSettings(**{name: value})  # type: ignore[arg-type]
 
 
 # -- local disk ----------------------------------------------------------------------------------
