@@ -27,6 +27,7 @@ MAX_MEMBERS_ENV = "FLYTE_CHECKPOINT_MAX_MEMBERS"
 MAX_UNRECORDED_MEMBERS_ENV = "FLYTE_CHECKPOINT_MAX_UNRECORDED_MEMBERS"
 MAX_TOTAL_BYTES_ENV = "FLYTE_CHECKPOINT_MAX_TOTAL_BYTES"
 MAX_EXPANSION_RATIO_ENV = "FLYTE_CHECKPOINT_MAX_EXPANSION_RATIO"
+MAX_MANIFEST_BYTES_ENV = "FLYTE_CHECKPOINT_MAX_MANIFEST_BYTES"
 _RAISE_HINT = (
     "if this checkpoint is genuine, raise it with Checkpoint(..., extraction_limits="
     "ExtractionLimits(...)) or, for every load of the process, {env}"
@@ -51,6 +52,20 @@ def _from_env(name: str, default: float | None, *, whole: bool, none_allowed: bo
 
 def _default_members() -> int:
     return int(_from_env(MAX_MEMBERS_ENV, 1_000_000, whole=True) or 1_000_000)
+
+
+def _default_manifest_bytes() -> int:
+    return int(_from_env(MAX_MANIFEST_BYTES_ENV, 256 * MIB, whole=True) or 256 * MIB)
+
+
+def manifest_limit_hint() -> str:
+    """How to raise :attr:`ExtractionLimits.max_manifest_bytes`, for the error that refuses one."""
+    return (
+        _RAISE_HINT.format(env=MAX_MANIFEST_BYTES_ENV).replace(
+            "ExtractionLimits(...)", "ExtractionLimits(max_manifest_bytes=...)"
+        )
+        + " (also read by garbage collection)"
+    )
 
 
 def _default_unrecorded_members() -> int | None:
@@ -98,8 +113,9 @@ class ExtractionLimits(StrictSettings):
     expansion_checked_after_bytes: int = Field(default=256 * MIB, ge=0)
     """Below this much unpacked content the ratio is not checked, so small archives of zeros
     (an untouched optimizer state, an empty buffer) always load."""
-    max_manifest_bytes: int = Field(default=256 * MIB, gt=0)
-    """The largest manifest of an incremental checkpoint read (default 256 MiB). A manifest is
+    max_manifest_bytes: int = Field(default_factory=_default_manifest_bytes, gt=0)
+    """The largest manifest of an incremental checkpoint read (default 256 MiB, or
+    ``FLYTE_CHECKPOINT_MAX_MANIFEST_BYTES``, which garbage collection reads too). A manifest is
     read whole and parsed before its entries are counted: about 150 bytes per file with a short
     path and 80 more per 16 MiB chunk, so the default holds a million files; without a bound, a
     hostile multi-gigabyte object at the checkpoint's location would take that much memory and

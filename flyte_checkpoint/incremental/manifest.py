@@ -15,6 +15,7 @@ from typing import Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from flyte_checkpoint.archive.limits import manifest_limit_hint
 from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError
 from flyte_checkpoint.storage import COPY_CHUNK
 
@@ -117,8 +118,7 @@ def read_manifest(stream: Readable, uri: str, max_bytes: int, head: bytes = b"")
         if size > max_bytes:
             raise ArchiveLimitError(
                 f"incremental checkpoint {uri} has a manifest of more than {max_bytes} bytes, over "
-                "the limit; if it is genuine (millions of files), load it with "
-                f"ExtractionLimits(max_manifest_bytes=...) above {max_bytes}"
+                f"the limit (a genuine one lists millions of files); {manifest_limit_hint()}"
             )
     return parse_manifest(b"".join(pieces), uri)
 

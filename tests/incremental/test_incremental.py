@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from flyte_checkpoint import Checkpoint
-from flyte_checkpoint.errors import CheckpointChunkError, InputChangedError, UnsafeArchiveError
+from flyte_checkpoint.errors import (
+    ArchiveLimitError,
+    CheckpointChunkError,
+    InputChangedError,
+    UnsafeArchiveError,
+)
 from flyte_checkpoint.incremental import (
     ChunkStore,
     IncrementalSave,
@@ -241,6 +246,22 @@ def test_garbage_collection_keeps_live_chunks_and_removes_orphans(any_store: Sto
     restored = _load(any_store, uri, tmp_path / "restored")
     assert restored is not None
     assert tree_of(restored) == {"shared": shared, "new": added}
+
+
+def test_garbage_collection_refuses_a_manifest_over_the_size_limit_and_removes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store("local", str(tmp_path / "store"))
+    uri, chunks = _saved(store, tmp_path, {"kept": b"kept" * 500})
+    backend = backend_for(uri, store.storage_options)
+    monkeypatch.setenv("FLYTE_CHECKPOINT_MAX_MANIFEST_BYTES", "100")
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=2)
+    with pytest.raises(ArchiveLimitError, match="FLYTE_CHECKPOINT_MAX_MANIFEST_BYTES"):
+        collect_garbage(backend, chunks, [uri], now=later)
+    monkeypatch.delenv("FLYTE_CHECKPOINT_MAX_MANIFEST_BYTES")
+    restored = _load(store, uri, tmp_path / "restored")
+    assert restored is not None
+    assert tree_of(restored) == {"kept": b"kept" * 500}
 
 
 def test_garbage_collection_keeps_the_chunks_of_a_save_in_progress(any_store: Store, tmp_path: Path) -> None:
