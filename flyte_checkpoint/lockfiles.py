@@ -88,10 +88,21 @@ def sweep_abandoned(directory: Path, prefix: str) -> int:
     Trees of other tools with the same prefix have no lock file and are left alone; so is
     anything not made by this user, or a symlink.
     """
-    return sum(
-        remove_if_abandoned(lock, partial(_remove_tree_and_lock, lock))
-        for lock in directory.glob(f"{prefix}*{LOCK_SUFFIX}")
-    )
+    return _sweep_locked(directory, _named(directory, prefix))
+
+
+def _named(directory: Path, prefix: str) -> list[str]:
+    """The names in ``directory`` that start with ``prefix`` (none when it cannot be listed)."""
+    try:
+        return [name for name in os.listdir(directory) if name.startswith(prefix)]
+    except OSError:
+        return []
+
+
+def _sweep_locked(directory: Path, names: list[str]) -> int:
+    """:func:`sweep_abandoned` of the lock files among ``names`` (entries of ``directory``)."""
+    locks = (directory / name for name in names if name.endswith(LOCK_SUFFIX))
+    return sum(remove_if_abandoned(lock, partial(_remove_tree_and_lock, lock)) for lock in locks)
 
 
 def _remove_tree_and_lock(lock: Path) -> bool:
@@ -149,8 +160,9 @@ def make_locked_directory(parent: Path, prefix: str) -> tuple[Path, int]:
     left, now and then, an empty directory without a lock that no sweep found; those are
     removed here too (:func:`_sweep_lockless_empty`).
     """
-    sweep_abandoned(parent, prefix)
-    _sweep_lockless_empty(parent, prefix)
+    names = _named(parent, prefix)  # one listing for both sweeps: a load makes a workspace
+    _sweep_locked(parent, names)
+    _sweep_lockless_empty(parent, prefix, names)
     while True:
         directory = parent / f"{prefix}{os.urandom(6).hex()}"
         lock = Path(str(directory) + LOCK_SUFFIX)
@@ -180,17 +192,18 @@ _EARLIER_NAME = re.compile(r"[a-z0-9_]{8}")
 """What followed the prefix in the names earlier versions drew (``tempfile.mkdtemp``'s)."""
 
 
-def _sweep_lockless_empty(parent: Path, prefix: str) -> None:
-    """Remove the empty directories of this user in ``parent`` named as earlier versions of
-    :func:`make_locked_directory` named them (``prefix`` and eight of ``mkdtemp``'s characters)
-    that have no lock file and are older than :data:`LOCKLESS_AGE`. Nothing else: ``rmdir``
-    removes only empty directories, and any other ``prefix*`` name is another tool's."""
+def _sweep_lockless_empty(parent: Path, prefix: str, names: list[str]) -> None:
+    """Remove the empty directories of this user among ``names`` (entries of ``parent``) named
+    as earlier versions of :func:`make_locked_directory` named them (``prefix`` and eight of
+    ``mkdtemp``'s characters) that have no lock file and are older than :data:`LOCKLESS_AGE`.
+    Nothing else: ``rmdir`` removes only empty directories, and any other ``prefix*`` name is
+    another tool's."""
+    listed = set(names)
     now = time.time()
-    for directory in parent.glob(f"{prefix}*"):
-        if not _EARLIER_NAME.fullmatch(directory.name[len(prefix) :]):
+    for name in names:
+        if not _EARLIER_NAME.fullmatch(name[len(prefix) :]) or name + LOCK_SUFFIX in listed:
             continue
-        if os.path.lexists(str(directory) + LOCK_SUFFIX):
-            continue
+        directory = parent / name
         with contextlib.suppress(OSError):
             status = os.lstat(directory)
             if is_ours(status, stat.S_ISDIR) and now - status.st_mtime > LOCKLESS_AGE:
