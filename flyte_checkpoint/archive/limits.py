@@ -28,10 +28,15 @@ MAX_UNRECORDED_MEMBERS_ENV = "FLYTE_CHECKPOINT_MAX_UNRECORDED_MEMBERS"
 MAX_TOTAL_BYTES_ENV = "FLYTE_CHECKPOINT_MAX_TOTAL_BYTES"
 MAX_EXPANSION_RATIO_ENV = "FLYTE_CHECKPOINT_MAX_EXPANSION_RATIO"
 MAX_MANIFEST_BYTES_ENV = "FLYTE_CHECKPOINT_MAX_MANIFEST_BYTES"
-_RAISE_HINT = (
-    "if this checkpoint is genuine, raise it with Checkpoint(..., extraction_limits="
-    "ExtractionLimits(...)) or, for every load of the process, {env}"
-)
+
+
+def _raise_hint(env: str, setting: str = "...") -> str:
+    """How to raise a limit that refused a load: per load (``ExtractionLimits(setting)``), or
+    for every load of the process with ``env``."""
+    return (
+        "if this checkpoint is genuine, raise it with Checkpoint(..., extraction_limits="
+        f"ExtractionLimits({setting})) or, for every load of the process, {env}"
+    )
 
 
 def _from_env(name: str, default: float | None, *, whole: bool, none_allowed: bool = False) -> float | None:
@@ -61,10 +66,7 @@ def _default_manifest_bytes() -> int:
 def manifest_limit_hint() -> str:
     """How to raise :attr:`ExtractionLimits.max_manifest_bytes`, for the error that refuses one."""
     return (
-        _RAISE_HINT.format(env=MAX_MANIFEST_BYTES_ENV).replace(
-            "ExtractionLimits(...)", "ExtractionLimits(max_manifest_bytes=...)"
-        )
-        + " (also read by garbage collection)"
+        _raise_hint(MAX_MANIFEST_BYTES_ENV, "max_manifest_bytes=...") + " (also read by garbage collection)"
     )
 
 
@@ -164,18 +166,18 @@ class LimitCounter:
                 "and records no content size of its own, so it was not saved by this package: "
                 f"ExtractionLimits.max_unrecorded_members={unrecorded} bounds such archives, so "
                 "that one of millions of members is refused in seconds; "
-                + _RAISE_HINT.format(env=MAX_UNRECORDED_MEMBERS_ENV)
+                + _raise_hint(MAX_UNRECORDED_MEMBERS_ENV)
             )
         if self.members > self.limits.max_members:
             raise ArchiveLimitError(
                 f"archive holds more than {self.limits.max_members} members (member {name!r} is "
-                f"one too many); " + _RAISE_HINT.format(env=MAX_MEMBERS_ENV)
+                f"one too many); " + _raise_hint(MAX_MEMBERS_ENV)
             )
         self.declared += content_size
         if self.declared > self.limits.max_total_bytes:
             raise ArchiveLimitError(
                 f"archive unpacks to more than {self.limits.max_total_bytes} bytes (member {name!r} "
-                f"declares {content_size}); " + _RAISE_HINT.format(env=MAX_TOTAL_BYTES_ENV)
+                f"declares {content_size}); " + _raise_hint(MAX_TOTAL_BYTES_ENV)
             )
 
     def padding(self, count: int) -> None:
@@ -199,7 +201,7 @@ class LimitCounter:
                 f"archive unpacked to {self.unpacked} bytes ({where}) from only {read} "
                 f"compressed bytes, more than ExtractionLimits.max_expansion_ratio={ratio:g} times "
                 f"(checked past {floor} bytes), and it records no content size of its own: this is "
-                "how a decompression bomb looks; " + _RAISE_HINT.format(env=MAX_EXPANSION_RATIO_ENV)
+                "how a decompression bomb looks; " + _raise_hint(MAX_EXPANSION_RATIO_ENV)
             )
 
 
