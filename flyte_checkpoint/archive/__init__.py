@@ -28,7 +28,13 @@ from flyte_checkpoint.archive.compression import DEFAULT_COMPRESSION_LEVEL, HAVE
 from flyte_checkpoint.archive.extract import safe_file_mode, unpack_archive
 from flyte_checkpoint.archive.limits import ExtractionLimits
 from flyte_checkpoint.archive.listing import MemberInfo, MemberKind, list_members
-from flyte_checkpoint.archive.pack import check_tree, content_size, describe_mode, pack_directory, walk_tree
+from flyte_checkpoint.archive.pack import (
+    TreeEntry,
+    content_size,
+    describe_mode,
+    pack_directory,
+    walk_tree,
+)
 from flyte_checkpoint.archive.prefixed import PrefixedReader
 from flyte_checkpoint.archive.sniff import SNIFF_BYTES, ObjectKind, sniff_kind
 
@@ -41,7 +47,7 @@ __all__ = [
     "MemberKind",
     "ObjectKind",
     "PrefixedReader",
-    "check_tree",
+    "TreeEntry",
     "content_size",
     "describe_mode",
     "list_members",

@@ -25,7 +25,7 @@ def pack_directory(
     also loads), a socket, a FIFO or a device node raises :class:`InvalidCheckpointInputError`,
     because the archive could not be restored faithfully. The tree is walked once, as it is
     written, keeping nothing per file: a refusal mid-way leaves a partial stream in ``sink``,
-    which the caller's atomic writer then discards (see :func:`check_tree` to refuse up front).
+    which the caller's atomic writer then discards (see :func:`walk_tree` to refuse up front).
     ``threads`` compress (default: :func:`~.compression.compression_threads`). ``sink.write()``
     must not keep what it is given once it returns (the contract of :mod:`io`'s writers): the
     buffers it is given are reused.
@@ -46,31 +46,29 @@ def pack_directory(
 
 def content_size(source: Path) -> int:
     """Bytes of file content a save of ``source`` packs (what its archive records), from one
-    walk of ``stat`` calls; refuses what :func:`check_tree` refuses."""
+    walk of ``stat`` calls; refuses what :func:`walk_tree` refuses."""
     return sum(status.st_size for kind, _, _, status, _ in walk_tree(source) if kind == "file")
-
-
-def check_tree(source: Path) -> None:
-    """Refuse a directory that cannot be saved, without saving it.
-
-    Raises :class:`InvalidCheckpointInputError` naming the first entry that could not be
-    restored faithfully (a link leaving the tree, a socket, a FIFO, a device node).
-    """
-    for _ in walk_tree(source):
-        pass
 
 
 _Kind = Literal["file", "directory", "symlink"]
 
+TreeEntry = tuple[_Kind, str, str, os.stat_result, str]
+"""One entry of :func:`walk_tree`: kind, path, name relative to the tree, lstat, stored link target."""
 
-def walk_tree(source: Path) -> Iterator[tuple[_Kind, str, str, os.stat_result, str]]:
+
+def walk_tree(source: Path) -> Iterator[TreeEntry]:
     """Every entry a save of ``source`` holds, in the archive's order: kind, path, name relative
-    to ``source``, lstat, stored link target; refuses what :func:`check_tree` refuses."""
+    to ``source``, lstat, stored link target.
+
+    Raises :class:`InvalidCheckpointInputError`, without anything written, naming the first
+    entry that could not be restored faithfully (a link leaving the tree, a socket, a FIFO, a
+    device node): walked to its end, it refuses a directory that cannot be saved.
+    """
     root = os.path.realpath(source)
     return _walk(root, (str(Path(source).absolute()), root))
 
 
-def _walk(root: str, alias: tuple[str, str]) -> Iterator[tuple[_Kind, str, str, os.stat_result, str]]:
+def _walk(root: str, alias: tuple[str, str]) -> Iterator[TreeEntry]:
     """Every entry below ``root`` in a stable order: kind, path, archive name, lstat, link target.
 
     Depth first with plain strings: memory is one directory's listing per level, not the tree.

@@ -575,11 +575,11 @@ def test_a_tree_refused_mid_save_leaves_the_previous_checkpoint_in_place(tmp_pat
     assert (tmp_path / "ckpt").read_bytes() == previous
 
 
-def test_check_tree_refuses_a_tree_without_writing_anything(tmp_path: Path) -> None:
+def test_a_walk_of_the_tree_refuses_it_without_writing_anything(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     os.mkfifo(tmp_path / "src" / "pipe")
     with pytest.raises(InvalidCheckpointInputError, match="pipe"):
-        archive.check_tree(tmp_path / "src")
+        list(archive.walk_tree(tmp_path / "src"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flyte_checkpoint.archive import describe_mode, walk_tree
+from flyte_checkpoint.archive import TreeEntry, describe_mode, walk_tree
 from flyte_checkpoint.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -51,8 +51,6 @@ from flyte_checkpoint.lockfiles import (
 from flyte_checkpoint.storage.errors import os_error_to_checkpoint_error
 
 _Stamp = tuple[int, int]
-_Entry = tuple[str, str, str, os.stat_result, str]
-"""One entry of :func:`~flyte_checkpoint.archive.walk_tree`: kind, path, name, lstat, link target."""
 _FileId = tuple[int, int]
 
 _STAGING_SUFFIX = ".staged"
@@ -253,7 +251,8 @@ def take_snapshot(data: bytes | Path, scratch: Path) -> Snapshot:
 
 
 def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
-    mode = os.stat(data).st_mode
+    status = os.stat(data)
+    mode = status.st_mode
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
         raise InvalidCheckpointInputError(
             f"cannot save {data}: it is a {describe_mode(mode)}, not a regular file or directory"
@@ -271,7 +270,7 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
         if snapshot is None:
             continue
         try:
-            _mirror(data, entries, snapshot, mapped, link=True)
+            _mirror(data, status, entries, snapshot, mapped, link=True)
             return snapshot
         except BaseException as exc:
             snapshot.discard()
@@ -281,7 +280,7 @@ def _take_path_snapshot(data: Path, scratch: Path) -> Snapshot:
     snapshot = _new_snapshot(data, scratch, strict=True)
     assert snapshot is not None
     try:
-        _mirror(data, entries, snapshot, mapped, link=False)
+        _mirror(data, status, entries, snapshot, mapped, link=False)
     except BaseException:
         snapshot.discard()
         raise
@@ -315,13 +314,18 @@ def _new_snapshot(data: Path, parent: Path, *, strict: bool = False) -> Snapshot
 
 
 def _mirror(
-    source: Path, entries: Sequence[_Entry], snapshot: Snapshot, mapped: _Mappings, *, link: bool
+    source: Path,
+    status: os.stat_result,
+    entries: Sequence[TreeEntry],
+    snapshot: Snapshot,
+    mapped: _Mappings,
+    *,
+    link: bool,
 ) -> None:
-    """Link (or copy) ``source`` into ``snapshot``: a file, or the directory whose
-    :func:`~flyte_checkpoint.archive.walk_tree` is ``entries``."""
+    """Link (or copy) ``source`` (whose ``stat`` is ``status``) into ``snapshot``: a file, or the
+    directory whose :func:`~flyte_checkpoint.archive.walk_tree` is ``entries``."""
     target = snapshot.data
     assert isinstance(target, Path)
-    status = os.stat(source)
     if stat.S_ISREG(status.st_mode):
         file_id = (status.st_dev, status.st_ino)
         _place_file(str(source), str(target), str(target), snapshot, mapped, file_id, link=link)
