@@ -220,6 +220,7 @@ class _Extractor:
             self._replace_allowed(path, entry)
             fd = os.open(path, flags, 0o600)
         file = self.writes.start(fd, entry.size, safe_file_mode(entry.mode), entry.mtime)
+        reader.route_data(self.writes.route(file))
         offset = 0
         while parts := reader.read_data(CHUNK):
             size = sum(len(part) for part in parts)

@@ -3,7 +3,9 @@
 The extracting thread parses the tar stream, checks every member and creates each file; the
 bytes of a file then go to ``os.pwritev`` at their offset, on the pool, up to a MiB of pieces
 per call, so a load is not bound by one thread copying into the page cache while the others
-inflate. A run of pieces, at least :data:`HOLE_FROM` bytes in all, that holds only zeros is not
+inflate. Where the reader routes a file's data (:mod:`.routing`), the pool thread that read a
+member writes it (:meth:`FileWrites.route`), and the extracting thread only counts what it
+wrote. A run of pieces, at least :data:`HOLE_FROM` bytes in all, that holds only zeros is not
 written but left as a hole, as ``tar -S`` would. A file is
 finished (its size set when it has holes, its mode and times applied, closed) on the extracting
 thread, and only once every write to it has returned, so its mtime is the archive's.
@@ -13,19 +15,22 @@ extracting thread waits for the oldest; each keeps alive what its pieces are vie
 inflated block, or a stored member as read: a MiB or two). Errors of a write (a full disk) are raised on the
 extracting thread by the next call that finds that write done, at the latest by :meth:`finish_all`.
 Abandoning (any exception, an interrupt too) drops the writes not started, waits for those
-already running and closes every file: no descriptor is left open, and none is closed under a
-running write.
+already running (routed ones too) and closes every file: no descriptor is left open, none is
+closed under a running write, and a routed write that comes after is refused.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from flyte_checkpoint.archive.members import past
+from flyte_checkpoint.archive.routing import Piece, RouteWrite, Written
 
 HOLE_FROM = 64 * 1024
 """A chunk of at least this many zero bytes is left as a hole instead of written."""
@@ -51,6 +56,9 @@ class OpenFile:
     mtime: float
     pending: deque[Future[None]] = field(default_factory=deque)
     holes: bool = False
+    routed: threading.Lock = field(default_factory=threading.Lock)
+    """Held by a routed write (:meth:`FileWrites.route`) and to close the file."""
+    closed: bool = False
 
     def writes_done(self) -> bool:
         while self.pending and self.pending[0].done():
@@ -67,7 +75,7 @@ class FileWrites:
         self._ahead = AHEAD_PER_THREAD * threads
         self._in_flight: deque[Future[None]] = deque()
         self._closing: deque[OpenFile] = deque()
-        self._open: set[int] = set()
+        self._open: dict[int, OpenFile] = {}
 
     def __enter__(self) -> FileWrites:
         return self
@@ -82,16 +90,44 @@ class FileWrites:
 
     def start(self, fd: int, size: int, mode: int, mtime: float) -> OpenFile:
         """Take over the new, empty file ``fd``: it is closed by :meth:`end` or :meth:`abandon`."""
-        self._open.add(fd)
-        return OpenFile(fd, size, mode, mtime)
+        file = OpenFile(fd, size, mode, mtime)
+        self._open[fd] = file
+        return file
 
-    def write(self, file: OpenFile, parts: list[bytes | memoryview], offset: int) -> None:
+    def route(self, file: OpenFile) -> RouteWrite:
+        """How a pool thread writes data of ``file`` it read (:mod:`.routing`): at once, on that
+        thread; refused once the file is closed (:meth:`abandon`)."""
+
+        def write(pieces: list[memoryview], offset: int) -> None:
+            # One routed write at a time per file, the others waiting asleep: the kernel
+            # serialises writes to one file anyway, and its waiters spin on a core that the
+            # other pool threads and the extracting thread could use.
+            with file.routed:
+                if file.closed:
+                    raise RuntimeError(f"routed write to closed file descriptor {file.fd}")
+                if not _is_hole(file, pieces):
+                    _write_all(file.fd, pieces, offset)
+
+        return write
+
+    def write(self, file: OpenFile, parts: list[Piece], offset: int) -> None:
         """Write ``parts``, in order, at ``offset`` of ``file``, with one ``pwritev`` where it can
-        (a hole when they are all zeros, see :data:`HOLE_FROM`). They must not change until the
-        write is done."""
+        (a hole when they are all zeros, see :data:`HOLE_FROM`); :class:`~.routing.Written`
+        parts were written already and are skipped. They must not change until the write is
+        done."""
+        run: list[bytes | memoryview] = []
+        for part in parts:
+            if isinstance(part, Written):
+                self._write_run(file, run, offset)
+                offset += sum(len(piece) for piece in run) + len(part)
+                run = []
+            else:
+                run.append(part)
+        self._write_run(file, run, offset)
+
+    def _write_run(self, file: OpenFile, parts: list[bytes | memoryview], offset: int) -> None:
         size = sum(len(part) for part in parts)
-        if size >= HOLE_FROM and all(_all_zeros(part) for part in parts):
-            file.holes = True
+        if not size or _is_hole(file, parts):
             return
         if self._pool is None or size < POOLED_FROM:
             _write_all(file.fd, parts, offset)
@@ -128,8 +164,8 @@ class FileWrites:
         wait(self._in_flight)  # no write may still be using a descriptor closed below
         self._in_flight.clear()
         self._closing.clear()
-        for fd in self._open:
-            os.close(fd)
+        for file in self._open.values():
+            _close(file)
         self._open.clear()
 
     def _finish_ready(self) -> None:
@@ -145,8 +181,23 @@ class FileWrites:
             os.ftruncate(file.fd, file.size)  # zeros skipped at its end left the file short
         os.fchmod(file.fd, file.mode)
         os.utime(file.fd, (file.mtime, file.mtime))
-        self._open.discard(file.fd)
+        del self._open[file.fd]
+        _close(file)
+
+
+def _close(file: OpenFile) -> None:
+    """Close ``file`` once no routed write is running on it, and refuse any that comes later."""
+    with file.routed:
+        file.closed = True
         os.close(file.fd)
+
+
+def _is_hole(file: OpenFile, parts: Sequence[bytes | memoryview]) -> bool:
+    """Whether ``parts`` are zeros enough to be left as a hole in ``file`` (noting that it has one)."""
+    if sum(len(part) for part in parts) >= HOLE_FROM and all(_all_zeros(part) for part in parts):
+        file.holes = True
+        return True
+    return False
 
 
 def _all_zeros(part: bytes | memoryview) -> bool:
@@ -155,7 +206,7 @@ def _all_zeros(part: bytes | memoryview) -> bool:
     return 0 < len(part) <= len(_ZEROS) and part[0] == part[-1] == 0 and _ZEROS.startswith(part)
 
 
-def _write_all(fd: int, parts: list[bytes | memoryview], offset: int) -> None:
+def _write_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> None:
     views = [memoryview(part) for part in parts]
     while views:
         written = _pwrite_from(fd, views, offset)

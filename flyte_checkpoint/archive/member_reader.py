@@ -9,8 +9,10 @@ the member itself: that read, a copy of every byte, was most of the serial work 
 stored weights. The stream then skips each member as it is handed on, with the CRC-32 the pool
 computed, so its digest still covers every byte, in order. A stored member laid out as this
 package writes one is not copied at all: its content is handed on as views of the member as
-read, once the pool has checked its CRC-32. The extraction that consumes the blocks is the same
-as the streaming path's, with every safety check it makes.
+read, once the pool has checked its CRC-32. Either way the extraction routes each file's data
+(:mod:`.routing`): the pool thread that checked a member writes the part of it that is the
+file's, and hands on a :class:`~.routing.Written` piece in its place. The extraction that
+consumes the blocks is the same as the streaming path's, with every safety check it makes.
 
 Nothing in the object is trusted: each member must inflate to exactly the size it declares,
 with its CRC-32; the index members and the tail must agree with the data members actually read
@@ -30,14 +32,17 @@ from typing import IO
 
 from flyte_checkpoint.archive import members
 from flyte_checkpoint.archive.positional import PositionalReads, positional_reads
+from flyte_checkpoint.archive.routing import Piece, RouteWrite, Written, cut
 from flyte_checkpoint.errors import ArchiveIndexError, CheckpointCorruptError
 
 THREAD_PREFIX = "flyte-checkpoint-gunzip"
 
-_Content = bytes | list[memoryview]
+_Content = bytes | list[memoryview] | list[Piece]
 _Skips = tuple[tuple[int, int], ...]
 """Bytes read at their offsets, as (length, CRC-32) in order, for the stream to skip."""
 _Member = tuple[_Content, _Skips]
+_Routed = tuple[int, int, RouteWrite, int]
+"""The part of a member's content that a route writes: from, to, the write, its file offset."""
 
 
 class IndexedReader(io.RawIOBase):
@@ -63,7 +68,10 @@ class IndexedReader(io.RawIOBase):
         self._positional = found if found is not None and found.consumed() == len(head) else None
         self._ahead = threads + 1
         self._pending: deque[Future[_Member] | _Member] = deque()
-        self._pieces: deque[bytes | memoryview] = deque()
+        self._pieces: deque[Piece] = deque()
+        self._handed_on = 0  # bytes of content handed on by read_view
+        self._queued_content = 0  # bytes of content of the data members queued
+        self._route: tuple[int, int, RouteWrite] | None = None
         self._seen: list[tuple[int, int]] = []
         self._listed: list[tuple[int, int]] = []
         self._index_offset: int | None = None
@@ -74,18 +82,32 @@ class IndexedReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.read_view(len(memoryview(buffer).cast("B")))
+        data = _readable(self.read_view(len(memoryview(buffer).cast("B"))))
         memoryview(buffer).cast("B")[: len(data)] = data
         return len(data)
 
     def read(self, size: int | None = -1) -> bytes:
         """Up to ``size`` bytes (a whole inflated block without copying it when it fits)."""
-        data = self.read_view(-1 if size is None else size)
+        data = _readable(self.read_view(-1 if size is None else size))
         return data if isinstance(data, bytes) else bytes(data)
 
-    def read_view(self, size: int = -1) -> bytes | memoryview:
+    def route(self, length: int, write: RouteWrite) -> None:
+        """The next ``length`` bytes of content are a file's data, to be written with ``write``
+        by the pool threads that decode them (:mod:`.routing`); :meth:`read_view` hands on what
+        they wrote as :class:`~.routing.Written` pieces. Without a pool (one thread), every byte
+        is handed on as before."""
+        if self._pool is not None and length:
+            self._route = (self._handed_on, self._handed_on + length, write)
+
+    def read_view(self, size: int = -1) -> Piece:
         """Up to ``size`` bytes as the archive holds them, without copying: a whole inflated
-        block, or a view of one, or of a stored member's content; ``b""`` at the end."""
+        block, or a view of one, or of a stored member's content, or a :class:`~.routing.Written`
+        piece for routed file data; ``b""`` at the end."""
+        piece = self._next_piece(size)
+        self._handed_on += len(piece)
+        return piece
+
+    def _next_piece(self, size: int) -> Piece:
         while not self._pieces:
             self._fill()
             if not self._pending:
@@ -100,6 +122,9 @@ class IndexedReader(io.RawIOBase):
         piece = self._pieces[0]
         if size < 0 or size >= len(piece):
             return self._pieces.popleft()
+        if isinstance(piece, Written):
+            self._pieces[0] = Written(len(piece) - size)
+            return Written(size)
         view = memoryview(piece)
         self._pieces[0] = view[size:]
         return view[:size]
@@ -209,9 +234,16 @@ class IndexedReader(io.RawIOBase):
             if isinstance(item, Future):
                 item.result()
 
-    def _data(self, fields: bytes, start: int, frame: members.Frame, job: Callable[[], _Member]) -> None:
+    def _data(
+        self,
+        fields: bytes,
+        start: int,
+        frame: members.Frame,
+        job: Callable[..., _Member],
+    ) -> None:
         """Queue the data member at ``start``, whose header's own fields begin ``fields``, to be
-        decoded by ``job`` on the pool."""
+        decoded by ``job`` on the pool, and to write what the route holds of it (``job`` then
+        takes ``routed``)."""
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
         declared = members.declared_size(fields, start)
@@ -224,16 +256,39 @@ class IndexedReader(io.RawIOBase):
                 f"bytes; only the last may be shorter than {members.BLOCK}"
             )
         self._seen.append((frame.length, declared))
+        routed = self._routed(declared)
+        if routed is not None:
+            job = functools.partial(job, routed=routed)
         self._pending.append(job() if self._pool is None else self._pool.submit(job))
 
+    def _routed(self, size: int) -> _Routed | None:
+        """What the route holds of the next data member's ``size`` bytes of content, if any."""
+        begins = self._queued_content
+        self._queued_content += size
+        if self._route is None:
+            return None
+        start, end, write = self._route
+        if end <= begins:
+            self._route = None
+            return None
+        low, high = max(start, begins), min(end, begins + size)
+        return (low - begins, high - begins, write, low - start) if low < high else None
+
     def _read_member_at(
-        self, positional: PositionalReads, start: int, frame: members.Frame, head_crc: int, what: str
+        self,
+        positional: PositionalReads,
+        start: int,
+        frame: members.Frame,
+        head_crc: int,
+        what: str,
+        routed: _Routed | None = None,
     ) -> _Member:
-        """On the pool: the rest of the data member at ``start`` (``what``), read there and decoded."""
+        """On the pool: the rest of the data member at ``start`` (``what``), read there and
+        decoded; the part ``routed`` names written to its file, and handed on as written."""
         rest_at = start + members.HEADER_PREFIX
         rest = self._read_at(positional, rest_at, frame.length - members.HEADER_PREFIX, what)
-        content = members.decode_member(rest, start, frame)
-        return content, ((members.HEADER_PREFIX, head_crc), (len(rest), members.crc32(rest)))
+        skips = ((members.HEADER_PREFIX + len(rest), members.crc32(rest, head_crc)),)
+        return _decoded(rest, start, frame, routed, skips)
 
     def _tail(self, member: bytes, start: int) -> None:
         index_offset, count, total = members.decode_tail(member)
@@ -284,8 +339,26 @@ class IndexedReader(io.RawIOBase):
             raise ArchiveIndexError(f"damaged archive: bytes follow its tail member (at byte {self._offset})")
 
 
-def _decoded(rest: bytes, start: int, frame: members.Frame) -> _Member:
-    return members.decode_member(rest, start, frame), ()
+def _readable(piece: Piece) -> bytes | memoryview:
+    if isinstance(piece, Written):
+        raise RuntimeError("routed file data was read as bytes: only read_view hands it on")
+    return piece
+
+
+def _decoded(
+    rest: bytes, start: int, frame: members.Frame, routed: _Routed | None = None, skips: _Skips = ()
+) -> _Member:
+    """On the pool: the data member at ``start`` decoded, and the part ``routed`` names written
+    to its file once checked, to be handed on as written."""
+    content = members.decode_member(rest, start, frame)
+    if routed is None:
+        return content, skips
+    low, high, write, file_offset = routed
+    views = [memoryview(content)] if isinstance(content, bytes) else content
+    before, inside, after = cut(views, low, high)
+    write(inside, file_offset)
+    handed_on: list[Piece] = [*before, Written(high - low), *after]
+    return handed_on, skips
 
 
 def _truncated(at: int, what: str) -> CheckpointCorruptError:

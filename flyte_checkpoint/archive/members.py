@@ -20,6 +20,7 @@ This module is sans-I/O: it encodes and decodes members held in memory.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -250,6 +251,7 @@ def encode_laid_out(buffer: memoryview, size: int, level: int) -> Parts:
     return [_header(KIND_DATA, _DATA.pack(size), len(body) + len(trailer)), body, trailer]
 
 
+@functools.cache
 def _fixed_body(kind: int) -> bytes:
     """The deflate data and trailer of an index or tail member: an index member holds nothing;
     the tail holds one tar block of zeros (read as padding after the end-of-archive blocks),

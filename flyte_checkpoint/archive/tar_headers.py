@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from flyte_checkpoint.archive.compression import CHUNK
+from flyte_checkpoint.archive.routing import Piece, RouteWrite
 from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError
 
 TAR_BLOCK = tarfile.BLOCKSIZE
@@ -156,7 +157,8 @@ class TarReader:
         self._stream = stream
         # A stream that can hand over its bytes without copying them (IndexedReader) does, for
         # member data: what is read is written to a file or skipped, never kept.
-        self._read_view: Callable[[int], bytes | memoryview] = getattr(stream, "read_view", stream.read)
+        self._read_view: Callable[[int], Piece] = getattr(stream, "read_view", stream.read)
+        self._route: Callable[[int, RouteWrite], None] | None = getattr(stream, "route", None)
         self._padding_read = padding
         self.position = 0
         self._global: dict[str, str] = {}
@@ -219,12 +221,20 @@ class TarReader:
                 "czf of the whole tree)"
             )
 
-    def read_data(self, size: int) -> list[bytes | memoryview]:
+    def route_data(self, write: RouteWrite) -> None:
+        """Have the stream write the current member's data with ``write`` where it can, before
+        any of it is read (:mod:`.routing`): :meth:`read_data` then hands on what was written as
+        :class:`~.routing.Written` pieces."""
+        if self._route is not None:
+            self._route(self._data_left, write)
+
+    def read_data(self, size: int) -> list[Piece]:
         """Up to ``size`` bytes of the current member's data, as the pieces the stream hands
         over (they are not joined: that would copy every byte once more; where the stream can
-        hand over views of its own immutable bytes it does); ``[]`` once it is all read."""
+        hand over views of its own immutable bytes it does, and routed data comes as
+        :class:`~.routing.Written` pieces); ``[]`` once it is all read."""
         size = min(size, self._data_left)
-        pieces: list[bytes | memoryview] = []
+        pieces: list[Piece] = []
         while size:
             data = self._read_view(size)
             if not data:

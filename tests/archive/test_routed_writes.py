@@ -1,0 +1,224 @@
+"""A load on several threads has the pool thread that checked a member write the file data it
+holds (:mod:`flyte_checkpoint.archive.routing`): the same tree comes back, with its holes, every
+byte accounted for in order, nothing written before it is checked, and nothing left open or
+running when a write fails; whether the object is read in order (an object store's stream) or
+at offsets (a local file).
+
+The archives are real ones written by :func:`archive.pack_directory`, read from memory; the only
+fault injected is a full disk on a pool thread (``os.pwritev`` raising ENOSPC), which a real disk
+cannot be made to produce on demand part-way through one file.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import io
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from flyte_checkpoint import ArchiveIndexError, archive
+from flyte_checkpoint.archive import extract, file_writes, member_reader, members
+from flyte_checkpoint.archive.routing import RouteWrite, Written, cut
+from tests.archive.sources import ReadableAtOffsets
+from tests.conftest import tree_of
+
+MIB = 1 << 20
+
+
+def packed(source: Path) -> bytes:
+    sink = io.BytesIO()
+    archive.pack_directory(source, sink)
+    return sink.getvalue()
+
+
+def weights_tree(root: Path) -> Path:
+    """Files of several MiB whose data start and end off member boundaries, between small ones."""
+    root.mkdir()
+    (root / "a.json").write_text('{"step": 7}')
+    for number in range(3):
+        (root / f"shard-{number}.bin").write_bytes(os.urandom(6 * MIB + 12_345 * number))
+        (root / f"note-{number}.txt").write_bytes(b"x" * (777 + number))
+    os.chmod(root / "shard-1.bin", 0o640)
+    os.utime(root / "shard-2.bin", (1_600_000_000, 1_600_000_000))
+    return root
+
+
+def open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def loading_threads() -> list[str]:
+    prefixes = (extract.THREAD_PREFIX, member_reader.THREAD_PREFIX)
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefixes)]
+
+
+Opener = Callable[[bytes], IO[bytes]]
+
+
+@pytest.fixture(params=["read in order", "read at offsets"])
+def opened(request: pytest.FixtureRequest) -> Opener:
+    return io.BytesIO if request.param == "read in order" else ReadableAtOffsets
+
+
+@pytest.fixture
+def routed(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Bytes of file data written by the threads that checked them, by thread name."""
+    written: dict[str, int] = {}
+    real = file_writes.FileWrites.route
+
+    def recording(self: file_writes.FileWrites, file: file_writes.OpenFile) -> RouteWrite:
+        write = real(self, file)
+
+        def counted(pieces: list[memoryview], offset: int) -> None:
+            name = threading.current_thread().name
+            written[name] = written.get(name, 0) + sum(len(piece) for piece in pieces)
+            write(pieces, offset)
+
+        return counted
+
+    monkeypatch.setattr(file_writes.FileWrites, "route", recording)
+    return written
+
+
+def test_pool_threads_write_the_files_they_check_and_the_tree_is_the_one_saved(
+    tmp_path: Path, routed: dict[str, int], opened: Opener
+) -> None:
+    source = weights_tree(tmp_path / "source")
+    archive.unpack_archive(opened(packed(source)), tmp_path / "restored", threads=2)
+    assert tree_of(tmp_path / "restored") == tree_of(source)
+    assert all(name.startswith(extract.THREAD_PREFIX) for name in routed)
+    # All but the members queued before each file's header was read: up to threads + 1 = 3 MiB
+    # of each 6 MiB file.
+    assert sum(routed.values()) >= 3 * (6 - 3) * MIB
+
+
+def test_an_object_read_at_offsets_is_accounted_for_in_order_when_pool_threads_write(
+    tmp_path: Path,
+) -> None:
+    data = ReadableAtOffsets(packed(weights_tree(tmp_path / "source")))
+    archive.unpack_archive(data, tmp_path / "restored", threads=2)
+    assert data.accounted_for
+
+
+def test_files_written_by_pool_threads_keep_their_mode_and_mtime(tmp_path: Path, opened: Opener) -> None:
+    source = weights_tree(tmp_path / "source")
+    archive.unpack_archive(opened(packed(source)), tmp_path / "restored", threads=2)
+    for name in ("shard-1.bin", "shard-2.bin"):
+        before, after = os.stat(source / name), os.stat(tmp_path / "restored" / name)
+        assert (after.st_mode & 0o777, int(after.st_mtime)) == (before.st_mode & 0o777, int(before.st_mtime))
+
+
+def test_zeros_written_by_pool_threads_come_back_as_holes(tmp_path: Path, opened: Opener) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "a.txt").write_bytes(b"x" * 777)
+    with open(source / "zeros.bin", "wb") as out:
+        out.write(b"head")
+        out.seek(20 * MIB)
+        out.write(os.urandom(MIB))
+        out.truncate(40 * MIB)
+    restored = tmp_path / "restored"
+    archive.unpack_archive(opened(packed(source)), restored, threads=2)
+    assert (restored / "zeros.bin").read_bytes() == (source / "zeros.bin").read_bytes()
+    assert os.stat(restored / "zeros.bin").st_blocks * 512 < 8 * MIB
+
+
+def test_a_damaged_member_inside_a_file_is_refused_and_its_bytes_are_not_written(
+    tmp_path: Path, opened: Opener
+) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "weights.bin").write_bytes(os.urandom(12 * MIB))
+    data = bytearray(packed(source))
+    weights = (source / "weights.bin").read_bytes()
+    data_start = gzip.decompress(bytes(data)).find(weights[:64])  # where the file's data begins
+    # A byte of content in the ninth data member, well inside the routed part of the file.
+    starts = [0]
+    while len(starts) < 9:
+        head = bytes(data[starts[-1] : starts[-1] + members.HEADER_PREFIX])
+        starts.append(starts[-1] + members.frame(head, starts[-1]).length)
+    damaged_at = starts[8] + 1000
+    data[damaged_at] ^= 0xFF
+    with pytest.raises(ArchiveIndexError, match="fails its CRC-32"):
+        archive.unpack_archive(opened(bytes(data)), tmp_path / "restored", threads=2)
+    restored = (tmp_path / "restored" / "weights.bin").read_bytes()
+    damaged = slice(8 * MIB - data_start, 9 * MIB - data_start)  # the ninth member's content
+    assert restored[damaged] != weights[damaged]
+
+
+def test_a_full_disk_on_a_pool_thread_is_raised_and_leaves_nothing_open_or_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opened: Opener
+) -> None:
+    data = packed(weights_tree(tmp_path / "source"))
+    real_pwritev = os.pwritev
+    pool_writes = 0
+
+    def pwritev_until_full(fd: int, parts: list[memoryview], offset: int) -> int:
+        nonlocal pool_writes
+        if threading.current_thread().name.startswith(extract.THREAD_PREFIX):
+            pool_writes += 1
+            if pool_writes > 4:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwritev(fd, parts, offset)
+
+    monkeypatch.setattr(os, "pwritev", pwritev_until_full)
+    before = open_descriptors()
+    with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)) as raised:
+        archive.unpack_archive(opened(data), tmp_path / "restored", threads=2)
+    assert raised.value.errno == errno.ENOSPC
+    assert open_descriptors() <= before
+    assert loading_threads() == []
+
+
+def test_a_routed_write_that_comes_after_its_file_was_abandoned_is_refused(tmp_path: Path) -> None:
+    writes = file_writes.FileWrites(None, 1)
+    fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o600)
+    file = writes.start(fd, 10, 0o600, 0.0)
+    write = writes.route(file)
+    writes.abandon()
+    with pytest.raises(RuntimeError, match="closed"):
+        write([memoryview(b"late")], 0)
+    assert (tmp_path / "file").read_bytes() == b""
+
+
+def test_written_pieces_are_skipped_by_the_extracting_threads_writes(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT, 0o600)
+    os.pwrite(fd, b"--------", 0)
+    with file_writes.FileWrites(None, 1) as writes:
+        file = writes.start(fd, 8, 0o600, 0.0)
+        writes.write(file, [b"ab", Written(3), memoryview(b"cde")], 0)
+        writes.end(file)
+    assert (tmp_path / "file").read_bytes() == b"ab---cde"
+
+
+def test_cutting_views_splits_them_at_the_offsets_without_copying() -> None:
+    content = [memoryview(b"abcd"), memoryview(b"efgh"), memoryview(b"ij")]
+    before, inside, after = cut(content, 3, 9)
+    assert [bytes(v) for v in before] == [b"abc"]
+    assert [bytes(v) for v in inside] == [b"d", b"efgh", b"i"]
+    assert [bytes(v) for v in after] == [b"j"]
+    assert all(isinstance(v, memoryview) for v in before + inside + after)
+
+
+def test_routed_file_data_cannot_be_read_as_bytes(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "weights.bin").write_bytes(os.urandom(8 * MIB))
+    data = ReadableAtOffsets(packed(source))
+    head = data.read(members.HEADER_PREFIX)
+    with member_reader.IndexedReader(data, head, threads=2) as reader:
+        assert len(reader.read(512)) == 512  # the file's tar header
+        reader.route(8 * MIB, lambda pieces, offset: None)
+        with pytest.raises(RuntimeError, match="routed file data"):
+            _read_to_the_end(reader)
+
+
+def _read_to_the_end(reader: member_reader.IndexedReader) -> None:
+    while reader.read(MIB):
+        pass
