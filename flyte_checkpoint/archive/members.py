@@ -375,6 +375,21 @@ def _is_stored(rest: bytes, frame_: Frame) -> bool:
     return len(rest) > start and rest[start] & 0b110 == 0
 
 
+@functools.lru_cache(maxsize=8)
+def _stored_layout(size: int) -> tuple[tuple[int, int, int, bytes], ...]:
+    """Where the stored deflate blocks of ``size`` bytes of content lie in a body laid out as
+    :func:`place` lays them: each block's header offset, its content's start and end, and the
+    header it must hold (computed once per size: most members are :data:`BLOCK` bytes)."""
+    count = max(1, -(-size // _STORED_MAX))
+    layout = []
+    for number in range(count):
+        length = min(_STORED_MAX, size - number * _STORED_MAX)
+        at = number * _STORED_SPAN
+        header = _STORED_HEADER.pack(number == count - 1, length, length ^ 0xFFFF)
+        layout.append((at, at + _STORED_HEADER.size, at + _STORED_HEADER.size + length, header))
+    return tuple(layout)
+
+
 def stored_content(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] | None:
     """The content of a stored data member laid out as this package writes one (every stored
     deflate block but the last holds 65,535 bytes), as views of ``rest`` (as for
@@ -384,14 +399,15 @@ def stored_content(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] 
     body = memoryview(rest)[frame_.header_length - HEADER_PREFIX : len(rest) - _TRAILER.size]
     if len(body) != laid_out_size(declared):
         return None
-    views = content_views(body, declared)
-    for number, view in enumerate(views):
-        final = number == len(views) - 1
-        if _STORED_HEADER.unpack_from(body, number * _STORED_SPAN) != (final, len(view), len(view) ^ 0xFFFF):
-            return None
+    views = []
     crc = 0
-    for view in views:
-        crc = crc32(view, crc)
+    checksum = _isal_zlib.crc32 if _isal_zlib is not None else zlib.crc32
+    for header_at, start, end, header in _stored_layout(declared):
+        if body[header_at:start] != header:
+            return None
+        if end > start:  # a member holds at least a byte (declared_size), but never hand on b""
+            views.append(view := body[start:end])
+            crc = checksum(view, crc)
     if _TRAILER.unpack_from(rest, len(rest) - _TRAILER.size) != (crc, declared & 0xFFFFFFFF):
         raise ArchiveIndexError(
             f"damaged archive: the data member at byte {offset} fails its CRC-32 or length check"
