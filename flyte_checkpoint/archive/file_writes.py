@@ -5,7 +5,8 @@ bytes of a file then go to ``os.pwritev`` at their offset, on the pool, up to a 
 per call, so a load is not bound by one thread copying into the page cache while the others
 inflate. Where the reader routes a file's data (:mod:`.routing`), the pool thread that read a
 member writes it (:meth:`FileWrites.route`), and the extracting thread only counts what it
-wrote. A run of pieces, at least :data:`HOLE_FROM` bytes in all, that holds only zeros is not
+wrote, or was promised will be written: a promised job is waited for like a write of the
+file's own. A run of pieces, at least :data:`HOLE_FROM` bytes in all, that holds only zeros is not
 written but left as a hole, as ``tar -S`` would. A file is
 finished (its size set when it has holes, its mode and times applied, closed) on the extracting
 thread, and only once every write to it has returned, so its mtime is the archive's.
@@ -28,9 +29,10 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 from flyte_checkpoint.archive.members import past
-from flyte_checkpoint.archive.routing import Piece, RouteWrite, Written
+from flyte_checkpoint.archive.routing import Piece, Route, Written
 
 HOLE_FROM = 64 * 1024
 """A chunk of at least this many zero bytes is left as a hole instead of written."""
@@ -54,7 +56,8 @@ class OpenFile:
     size: int
     mode: int
     mtime: float
-    pending: deque[Future[None]] = field(default_factory=deque)
+    pending: deque[Future[Any]] = field(default_factory=deque)
+    """Writes to wait for before the file is finished: its pooled writes and promised jobs."""
     holes: bool = False
     routed: threading.Lock = field(default_factory=threading.Lock)
     """Held by a routed write (:meth:`FileWrites.route`) and to close the file."""
@@ -94,21 +97,11 @@ class FileWrites:
         self._open[fd] = file
         return file
 
-    def route(self, file: OpenFile) -> RouteWrite:
-        """How a pool thread writes data of ``file`` it read (:mod:`.routing`): at once, on that
-        thread; refused once the file is closed (:meth:`abandon`)."""
-
-        def write(pieces: list[memoryview], offset: int) -> None:
-            # One routed write at a time per file, the others waiting asleep: the kernel
-            # serialises writes to one file anyway, and its waiters spin on a core that the
-            # other pool threads and the extracting thread could use.
-            with file.routed:
-                if file.closed:
-                    raise RuntimeError(f"routed write to closed file descriptor {file.fd}")
-                if not _is_hole(file, pieces):
-                    _write_all(file.fd, pieces, offset)
-
-        return write
+    def route(self, file: OpenFile) -> Route:
+        """How pool threads write data of ``file`` they read (:mod:`.routing`): at once, on that
+        thread; refused once the file is closed (:meth:`abandon`). The file is finished only
+        once the jobs promised to it are done."""
+        return _FileRoute(file)
 
     def write(self, file: OpenFile, parts: list[Piece], offset: int) -> None:
         """Write ``parts``, in order, at ``offset`` of ``file``, with one ``pwritev`` where it can
@@ -183,6 +176,27 @@ class FileWrites:
         os.utime(file.fd, (file.mtime, file.mtime))
         del self._open[file.fd]
         _close(file)
+
+
+class _FileRoute:
+    """A :class:`~.routing.Route` to ``file``."""
+
+    def __init__(self, file: OpenFile) -> None:
+        self._file = file
+
+    def write(self, pieces: list[memoryview], offset: int) -> None:
+        # One routed write at a time per file, the others waiting asleep: the kernel
+        # serialises writes to one file anyway, and its waiters spin on a core that the
+        # other pool threads and the extracting thread could use.
+        file = self._file
+        with file.routed:
+            if file.closed:
+                raise RuntimeError(f"routed write to closed file descriptor {file.fd}")
+            if not _is_hole(file, pieces):
+                _write_all(file.fd, pieces, offset)
+
+    def promise(self, job: Future[Any]) -> None:
+        self._file.pending.append(job)  # on the extracting thread, as FileWrites' own writes
 
 
 def _close(file: OpenFile) -> None:

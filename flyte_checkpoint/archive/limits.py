@@ -242,6 +242,12 @@ class _CountedPositionalReads:
     def read_at(self, offset: int, size: int) -> bytes:
         return self._inner.read_at(offset, size)
 
+    def reserve(self, length: int) -> None:
+        # Counted when reserved, not when skipped: the content of members read at offsets is
+        # handed on before they are skipped in order, and the expansion bound weighs what was
+        # handed on against the compressed bytes it came from.
+        self._inner.reserve(length)
+        self._counter.count += length
+
     def skip(self, length: int, crc: int) -> None:
         self._inner.skip(length, crc)
-        self._counter.count += length

@@ -11,7 +11,12 @@ computed, so its digest still covers every byte, in order. A stored member laid 
 package writes one is not copied at all: its content is handed on as views of the member as
 read, once the pool has checked its CRC-32. Either way the extraction routes each file's data
 (:mod:`.routing`): the pool thread that checked a member writes the part of it that is the
-file's, and hands on a :class:`~.routing.Written` piece in its place. The extraction that
+file's, and hands on a :class:`~.routing.Written` piece in its place. Read at offsets, a member
+wholly inside a file is promised to it: its piece is handed on before the member is read, and
+its job waits in the file's lane (:mod:`.lanes`), so the caller's thread goes on to the next
+file while the pool writes this one, and the pool's threads write different files at once.
+Every member is still skipped in order, once done, with the bytes behind what was handed on
+counted when it is queued (:meth:`~.positional.PositionalReads.reserve`). The extraction that
 consumes the blocks is the same as the streaming path's, with every safety check it makes.
 
 Nothing in the object is trusted: each member must inflate to exactly the size it declares,
@@ -31,8 +36,9 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import IO
 
 from flyte_checkpoint.archive import members
+from flyte_checkpoint.archive.lanes import Lanes
 from flyte_checkpoint.archive.positional import PositionalReads, positional_reads
-from flyte_checkpoint.archive.routing import Piece, RouteWrite, Written, cut
+from flyte_checkpoint.archive.routing import Piece, Route, Written, cut
 from flyte_checkpoint.errors import ArchiveIndexError, CheckpointCorruptError
 
 THREAD_PREFIX = "flyte-checkpoint-gunzip"
@@ -41,8 +47,12 @@ _Content = bytes | list[memoryview] | list[Piece]
 _Skips = tuple[tuple[int, int], ...]
 """Bytes read at their offsets, as (length, CRC-32) in order, for the stream to skip."""
 _Member = tuple[_Content, _Skips]
-_Routed = tuple[int, int, RouteWrite, int]
-"""The part of a member's content that a route writes: from, to, the write, its file offset."""
+_Routed = tuple[int, int, Route, int]
+"""The part of a member's content that a route writes: from, to, the route, its file offset."""
+
+UNSETTLED = 4096
+"""Members queued but not yet accounted for in the stream, at most. Most are promised ones
+(:mod:`.routing`), which hold a future each until a thread reads them."""
 
 
 class IndexedReader(io.RawIOBase):
@@ -66,12 +76,17 @@ class IndexedReader(io.RawIOBase):
         # has consumed. The first member is read in order, the rest at their offsets.
         found = positional_reads(source) if self._pool is not None else None
         self._positional = found if found is not None and found.consumed() == len(head) else None
+        self._lanes = Lanes(self._pool) if self._pool is not None else None
         self._ahead = threads + 1
+        # What to hand on, in order, at most ``_ahead`` members; and every member queued, in
+        # order, until the stream has skipped it (a promised member is handed on at once, and
+        # stays only here until it has run).
         self._pending: deque[Future[_Member] | _Member] = deque()
+        self._unsettled: deque[Future[_Member] | _Member] = deque()
         self._pieces: deque[Piece] = deque()
         self._handed_on = 0  # bytes of content handed on by read_view
         self._queued_content = 0  # bytes of content of the data members queued
-        self._route: tuple[int, int, RouteWrite] | None = None
+        self._route: tuple[int, int, Route] | None = None
         self._seen: list[tuple[int, int]] = []
         self._listed: list[tuple[int, int]] = []
         self._index_offset: int | None = None
@@ -91,13 +106,13 @@ class IndexedReader(io.RawIOBase):
         data = _readable(self.read_view(-1 if size is None else size))
         return data if isinstance(data, bytes) else bytes(data)
 
-    def route(self, length: int, write: RouteWrite) -> None:
-        """The next ``length`` bytes of content are a file's data, to be written with ``write``
-        by the pool threads that decode them (:mod:`.routing`); :meth:`read_view` hands on what
-        they wrote as :class:`~.routing.Written` pieces. Without a pool (one thread), every byte
-        is handed on as before."""
+    def route(self, length: int, route: Route) -> None:
+        """The next ``length`` bytes of content are a file's data, to be written through
+        ``route`` by the pool threads that decode them (:mod:`.routing`); :meth:`read_view`
+        hands on what they wrote, or will write, as :class:`~.routing.Written` pieces. Without
+        a pool (one thread), every byte is handed on as before."""
         if self._pool is not None and length:
-            self._route = (self._handed_on, self._handed_on + length, write)
+            self._route = (self._handed_on, self._handed_on + length, route)
 
     def read_view(self, size: int = -1) -> Piece:
         """Up to ``size`` bytes as the archive holds them, without copying: a whole inflated
@@ -111,12 +126,14 @@ class IndexedReader(io.RawIOBase):
         while not self._pieces:
             self._fill()
             if not self._pending:
+                if self._unsettled:  # as many queued as may be: wait for the oldest
+                    self._settle_next()
+                    continue
                 self._end_of_stream()
                 return b""
             item = self._pending.popleft()
-            content, skips = item.result() if isinstance(item, Future) else item
-            for length, crc in skips:
-                self._skip(length, crc)
+            content, _ = item.result() if isinstance(item, Future) else item
+            self._settle_ready()
             if content:
                 self._pieces.extend(content if isinstance(content, list) else (content,))
         piece = self._pieces[0]
@@ -130,18 +147,38 @@ class IndexedReader(io.RawIOBase):
         return view[:size]
 
     def close(self) -> None:
-        for item in self._pending:
+        for item in (*self._pending, *self._unsettled):
             if isinstance(item, Future):
                 item.cancel()
         if self._own_pool is not None:
             self._own_pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
+        self._unsettled.clear()
         self._pieces.clear()
         super().close()
 
     def _fill(self) -> None:
-        while not self._done and len(self._pending) < self._ahead:
+        while not self._done and len(self._pending) < self._ahead and len(self._unsettled) < UNSETTLED:
             self._next_member()
+
+    def _queue(self, member: Future[_Member] | _Member, handed_on: _Member | None = None) -> None:
+        """Queue ``member`` to be skipped by the stream in order, and to be handed on, or
+        ``handed_on`` in its place (a promised member's :class:`~.routing.Written` piece)."""
+        self._unsettled.append(member)
+        self._pending.append(member if handed_on is None else handed_on)
+
+    def _settle_ready(self) -> None:
+        """Skip, in order, the members at the front of the queue that are done (raising the
+        error of one that failed)."""
+        while self._unsettled and not _running(self._unsettled[0]):
+            self._settle_next()
+
+    def _settle_next(self) -> None:
+        """Wait for the oldest member queued, and skip it in the stream."""
+        item = self._unsettled.popleft()
+        _, skips = item.result() if isinstance(item, Future) else item
+        for length, crc in skips:
+            self._skip(length, crc)
 
     def _read(self, size: int) -> bytes:
         """Up to ``size`` bytes, fewer only at the end of the object."""
@@ -197,13 +234,14 @@ class IndexedReader(io.RawIOBase):
         frame = members.frame(head, start)
         what = f"the member that starts at byte {start}"
         if positional is not None:
+            positional.reserve(frame.length)
             self._offset = start + frame.length
             if frame.kind == members.KIND_DATA:
                 if len(head) < members.DATA_HEADER:
                     raise _truncated(start + len(head), what)
                 head_crc = members.crc32(head[: members.HEADER_PREFIX])
                 job = functools.partial(self._read_member_at, positional, start, frame, head_crc, what)
-                self._data(head[members.HEADER_PREFIX :], start, frame, job)
+                self._data(head[members.HEADER_PREFIX :], start, frame, job, lazy=True)
                 return
             member = self._read_at(positional, start, frame.length, what)
             skips: _Skips = ((frame.length, members.crc32(member)),)
@@ -223,14 +261,14 @@ class IndexedReader(io.RawIOBase):
                     f"damaged archive: its index lists {len(self._listed)} data members by byte "
                     f"{self._offset}, but it holds {len(self._seen)}"
                 )
-            self._pending.append((b"", skips))
+            self._queue((b"", skips))
         else:
             self._tail(member, start)
-            self._pending.append((bytes(members.TAIL_CONTENT), skips))
+            self._queue((bytes(members.TAIL_CONTENT), skips))
 
     def _settle(self) -> None:
         """Wait for the members queued, raising the first one's error, if any."""
-        for item in self._pending:
+        for item in self._unsettled:
             if isinstance(item, Future):
                 item.result()
 
@@ -240,16 +278,19 @@ class IndexedReader(io.RawIOBase):
         start: int,
         frame: members.Frame,
         job: Callable[..., _Member],
+        *,
+        lazy: bool = False,
     ) -> None:
         """Queue the data member at ``start``, whose header's own fields begin ``fields``, to be
         decoded by ``job`` on the pool, and to write what the route holds of it (``job`` then
-        takes ``routed``)."""
+        takes ``routed``). A ``lazy`` job reads the member itself: one wholly inside the route
+        is promised (:mod:`.routing`), which costs nothing until a thread runs it."""
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
         declared = members.declared_size(fields, start)
         # Only the last member may be short, so the members too are bounded by the content.
         if self._seen and self._seen[-1][1] != members.BLOCK:
-            if self._pending and isinstance(previous := self._pending[-1], Future):
+            if self._unsettled and isinstance(previous := self._unsettled[-1], Future):
                 previous.result()  # a short member that does not even decode: that says more
             raise ArchiveIndexError(
                 f"damaged archive: the data member at byte {start} follows one of {self._seen[-1][1]} "
@@ -259,7 +300,16 @@ class IndexedReader(io.RawIOBase):
         routed = self._routed(declared)
         if routed is not None:
             job = functools.partial(job, routed=routed)
-        self._pending.append(job() if self._pool is None else self._pool.submit(job))
+        if self._lanes is None:
+            self._queue(job())
+        elif lazy and routed is not None and routed[:2] == (0, declared):
+            route = routed[2]
+            promised = self._lanes.submit(job, lane=route)
+            route.promise(promised)
+            written: list[Piece] = [Written(declared)]
+            self._queue(promised, handed_on=(written, ()))
+        else:
+            self._queue(self._lanes.submit(job))  # urgent: it is handed on next
 
     def _routed(self, size: int) -> _Routed | None:
         """What the route holds of the next data member's ``size`` bytes of content, if any."""
@@ -339,6 +389,10 @@ class IndexedReader(io.RawIOBase):
             raise ArchiveIndexError(f"damaged archive: bytes follow its tail member (at byte {self._offset})")
 
 
+def _running(item: Future[_Member] | _Member) -> bool:
+    return isinstance(item, Future) and not item.done()
+
+
 def _readable(piece: Piece) -> bytes | memoryview:
     if isinstance(piece, Written):
         raise RuntimeError("routed file data was read as bytes: only read_view hands it on")
@@ -353,10 +407,10 @@ def _decoded(
     content = members.decode_member(rest, start, frame)
     if routed is None:
         return content, skips
-    low, high, write, file_offset = routed
+    low, high, route, file_offset = routed
     views = [memoryview(content)] if isinstance(content, bytes) else content
     before, inside, after = cut(views, low, high)
-    write(inside, file_offset)
+    route.write(inside, file_offset)
     handed_on: list[Piece] = [*before, Written(high - low), *after]
     return handed_on, skips
 

@@ -26,6 +26,13 @@ class PositionalReads(Protocol):
         safe from any thread, and without moving the stream."""
         ...
 
+    def reserve(self, length: int) -> None:
+        """The next ``length`` bytes not yet reserved are read with :meth:`read_at` and will be
+        skipped (:meth:`skip`), but what they hold may be handed on before: a stream that counts
+        the bytes behind what its reader handed on counts them now (same thread as
+        :meth:`skip`)."""
+        ...
+
     def skip(self, length: int, crc: int) -> None:
         """Move the stream past its next ``length`` bytes, which were read with :meth:`read_at`
         and whose CRC-32 is ``crc``, as if they had been read in order (same thread as the

@@ -9,7 +9,7 @@ weights barely faster than one, with half again the CPU.
 
 So the extracting thread, on reaching a file, *routes* the file's data: it tells the reader of
 an indexed archive (:mod:`.member_reader`) that the next ``length`` bytes of content go to that
-file, through a :data:`RouteWrite`. A member queued after that is decoded on the pool by a
+file, through a :class:`Route`. A member queued after that is decoded on the pool by a
 thread that also writes the part of its content that falls in the file, right after checking it
 (and, where the object can be read at offsets, :mod:`.positional`, after reading it), and hands
 on a :class:`Written` piece in its place, which says how many bytes were written and carries
@@ -17,15 +17,34 @@ none. Members queued before the route (a few, read ahead of the file's header) a
 bytes and written as before. The extracting thread still sees every byte of the tar stream in
 order (headers, padding, and the data of files it writes itself), so every check it makes is
 made as before; it only no longer writes the data a pool thread wrote.
+
+Where the object is read at offsets, a member that lies wholly inside the file is *promised*:
+its :class:`Written` piece is handed on at once, before the member is even read, and the job
+that reads, checks and writes it is given to the file (:meth:`Route.promise`), which is
+finished only after every such job is done, and fails with the first that failed. So the
+extracting thread runs ahead to the next file's header while the pool still writes this one,
+and the pool's threads can write different files at once (:mod:`.lanes`). No byte is written
+before its member's CRC-32 is checked, and the stream still accounts for every member in order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
 
-RouteWrite = Callable[[list[memoryview], int], None]
-"""Writes a file's data: ``(pieces, offset)`` puts ``pieces``, in order, at ``offset`` of the
-file. Called on a pool thread; raises what the write raised."""
+
+class Route(Protocol):
+    """Where the data of one file goes (:meth:`.file_writes.FileWrites.route`)."""
+
+    def write(self, pieces: list[memoryview], offset: int) -> None:
+        """Put ``pieces``, in order, at ``offset`` of the file. Called on a pool thread; raises
+        what the write raised."""
+        ...
+
+    def promise(self, job: Future[Any]) -> None:
+        """``job`` will write some of the file's data, whose :class:`Written` piece is handed on
+        before it has run: the file is finished only once ``job`` is done, and fails with it."""
+        ...
 
 
 class Written:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from flyte_checkpoint.archive.compression import CHUNK
-from flyte_checkpoint.archive.routing import Piece, RouteWrite
+from flyte_checkpoint.archive.routing import Piece, Route
 from flyte_checkpoint.errors import ArchiveLimitError, CheckpointCorruptError
 
 TAR_BLOCK = tarfile.BLOCKSIZE
@@ -158,7 +158,7 @@ class TarReader:
         # A stream that can hand over its bytes without copying them (IndexedReader) does, for
         # member data: what is read is written to a file or skipped, never kept.
         self._read_view: Callable[[int], Piece] = getattr(stream, "read_view", stream.read)
-        self._route: Callable[[int, RouteWrite], None] | None = getattr(stream, "route", None)
+        self._route: Callable[[int, Route], None] | None = getattr(stream, "route", None)
         self._padding_read = padding
         self.position = 0
         self._global: dict[str, str] = {}
@@ -221,12 +221,12 @@ class TarReader:
                 "czf of the whole tree)"
             )
 
-    def route_data(self, write: RouteWrite) -> None:
-        """Have the stream write the current member's data with ``write`` where it can, before
-        any of it is read (:mod:`.routing`): :meth:`read_data` then hands on what was written as
-        :class:`~.routing.Written` pieces."""
+    def route_data(self, route: Route) -> None:
+        """Have the stream write the current member's data through ``route`` where it can,
+        before any of it is read (:mod:`.routing`): :meth:`read_data` then hands on what was
+        written as :class:`~.routing.Written` pieces."""
         if self._route is not None:
-            self._route(self._data_left, write)
+            self._route(self._data_left, route)
 
     def read_data(self, size: int) -> list[Piece]:
         """Up to ``size`` bytes of the current member's data, as the pieces the stream hands

@@ -436,6 +436,9 @@ class _VerifiedPositionalReads:
                 size -= len(data)
         return b"".join(parts)
 
+    def reserve(self, length: int) -> None:
+        pass  # the size and the progress count bytes once skipped, in order
+
     def skip(self, length: int, crc: int) -> None:
         self._reader._skip(length, crc)
 

@@ -18,6 +18,7 @@ class ReadableAtOffsets(io.BytesIO):
         self.crc = 0
         self.read_in_order = 0
         self.read_at_by_thread: dict[str, int] = {}
+        self.reserved = 0
 
     def positional_reads(self) -> ReadableAtOffsets:
         return self
@@ -37,14 +38,19 @@ class ReadableAtOffsets(io.BytesIO):
         self.read_at_by_thread[name] = self.read_at_by_thread.get(name, 0) + len(data)
         return data
 
+    def reserve(self, length: int) -> None:
+        self.reserved += length
+
     def skip(self, length: int, crc: int) -> None:
         skipped = self.data[self.tell() : self.tell() + length]
         assert len(skipped) == length, "skipped past the end"
+        assert self.tell() + length <= self.read_in_order + self.reserved, "skipped before it was reserved"
         assert crc == zlib.crc32(skipped), f"wrong CRC-32 for the {length} bytes at {self.tell()}"
         self.crc = zlib.crc32(skipped, self.crc)
         self.seek(length, io.SEEK_CUR)
 
     @property
     def accounted_for(self) -> bool:
-        """Whether every byte was read or skipped, in order, with the right CRC-32."""
-        return self.tell() == len(self.data) and self.crc == zlib.crc32(self.data)
+        """Whether every byte was read, or reserved and skipped, in order, with the right CRC-32."""
+        whole = self.tell() == len(self.data) == self.read_in_order + self.reserved
+        return whole and self.crc == zlib.crc32(self.data)

@@ -17,14 +17,16 @@ import io
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
 
 import pytest
 
 from flyte_checkpoint import ArchiveIndexError, archive
 from flyte_checkpoint.archive import extract, file_writes, member_reader, members
-from flyte_checkpoint.archive.routing import RouteWrite, Written, cut
+from flyte_checkpoint.archive.limits import CountingReader
+from flyte_checkpoint.archive.routing import Route, Written, cut
 from tests.archive.sources import ReadableAtOffsets
 from tests.conftest import tree_of
 
@@ -72,15 +74,20 @@ def routed(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     written: dict[str, int] = {}
     real = file_writes.FileWrites.route
 
-    def recording(self: file_writes.FileWrites, file: file_writes.OpenFile) -> RouteWrite:
-        write = real(self, file)
+    class Recorded:
+        def __init__(self, route: Route) -> None:
+            self.route = route
 
-        def counted(pieces: list[memoryview], offset: int) -> None:
+        def write(self, pieces: list[memoryview], offset: int) -> None:
             name = threading.current_thread().name
             written[name] = written.get(name, 0) + sum(len(piece) for piece in pieces)
-            write(pieces, offset)
+            self.route.write(pieces, offset)
 
-        return counted
+        def promise(self, job: Future[Any]) -> None:
+            self.route.promise(job)
+
+    def recording(self: file_writes.FileWrites, file: file_writes.OpenFile) -> Route:
+        return Recorded(real(self, file))
 
     monkeypatch.setattr(file_writes.FileWrites, "route", recording)
     return written
@@ -180,10 +187,10 @@ def test_a_routed_write_that_comes_after_its_file_was_abandoned_is_refused(tmp_p
     writes = file_writes.FileWrites(None, 1)
     fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o600)
     file = writes.start(fd, 10, 0o600, 0.0)
-    write = writes.route(file)
+    route = writes.route(file)
     writes.abandon()
     with pytest.raises(RuntimeError, match="closed"):
-        write([memoryview(b"late")], 0)
+        route.write([memoryview(b"late")], 0)
     assert (tmp_path / "file").read_bytes() == b""
 
 
@@ -195,6 +202,77 @@ def test_written_pieces_are_skipped_by_the_extracting_threads_writes(tmp_path: P
         writes.write(file, [b"ab", Written(3), memoryview(b"cde")], 0)
         writes.end(file)
     assert (tmp_path / "file").read_bytes() == b"ab---cde"
+
+
+class Gated:
+    """A route whose writes wait for :attr:`gate`; it counts the writes that finished."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.finished = 0
+        self.promised: list[Future[Any]] = []
+
+    def write(self, pieces: list[memoryview], offset: int) -> None:
+        assert self.gate.wait(10)
+        self.finished += 1
+
+    def promise(self, job: Future[Any]) -> None:
+        self.promised.append(job)
+
+
+def test_members_wholly_inside_a_file_are_handed_on_as_written_before_a_thread_reads_them(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "weights.bin").write_bytes(os.urandom(8 * MIB))
+    counted = CountingReader(ReadableAtOffsets(packed(source)))
+    head = counted.read(members.HEADER_PREFIX)
+    route = Gated()
+    with member_reader.IndexedReader(cast(IO[bytes], counted), head, threads=2) as reader:
+        handed_on = len(reader.read(512))  # the file's tar header: members 0 to 2 are queued
+        reader.route(8 * MIB, route)
+        written = 0
+        while written < 5 * MIB:  # members 3 to 7, queued after the route, lie wholly in the file
+            piece = reader.read_view(MIB)
+            written += len(piece) if isinstance(piece, Written) else 0
+            handed_on += len(piece)
+            # The expansion bound sees the compressed bytes behind all that was handed on.
+            assert counted.count >= handed_on
+        assert (written, route.finished, len(route.promised)) == (5 * MIB, 0, 5)
+        route.gate.set()
+        while reader.read_view(MIB):
+            pass
+    assert all(job.done() and job.exception() is None for job in route.promised)
+
+
+def test_a_file_is_finished_only_once_the_jobs_promised_to_it_are_done(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    with file_writes.FileWrites(None, 1) as writes:
+        file = writes.start(fd, 4, 0o640, 1_600_000_000.0)
+        route, promised = writes.route(file), Future[None]()
+        route.promise(promised)
+        writes.end(file)
+        assert os.stat(path).st_mode & 0o777 == 0o600  # not finished: the job is not done
+        route.write([memoryview(b"data")], 0)
+        promised.set_result(None)
+    after = os.stat(path)
+    assert (after.st_mode & 0o777, after.st_mtime, path.read_bytes()) == (0o640, 1_600_000_000.0, b"data")
+
+
+def test_a_load_fails_with_a_job_promised_to_one_of_its_files(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o600)
+    writes = file_writes.FileWrites(None, 1)
+    file = writes.start(fd, 4, 0o640, 0.0)
+    promised = Future[None]()
+    writes.route(file).promise(promised)
+    writes.end(file)
+    promised.set_exception(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)):
+        writes.finish_all()
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(fd)  # closed
 
 
 def test_cutting_views_splits_them_at_the_offsets_without_copying() -> None:
@@ -214,9 +292,19 @@ def test_routed_file_data_cannot_be_read_as_bytes(tmp_path: Path) -> None:
     head = data.read(members.HEADER_PREFIX)
     with member_reader.IndexedReader(data, head, threads=2) as reader:
         assert len(reader.read(512)) == 512  # the file's tar header
-        reader.route(8 * MIB, lambda pieces, offset: None)
+        reader.route(8 * MIB, Discarded())
         with pytest.raises(RuntimeError, match="routed file data"):
             _read_to_the_end(reader)
+
+
+class Discarded:
+    """A route that writes nothing."""
+
+    def write(self, pieces: list[memoryview], offset: int) -> None:
+        pass
+
+    def promise(self, job: Future[Any]) -> None:
+        pass
 
 
 def _read_to_the_end(reader: member_reader.IndexedReader) -> None:

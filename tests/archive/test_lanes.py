@@ -1,0 +1,103 @@
+"""The pool's jobs run urgent ones first, then each lane's in order, a free thread preferring a
+lane no other thread is working on (:mod:`flyte_checkpoint.archive.lanes`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from flyte_checkpoint.archive.lanes import Lanes
+
+WAIT = 10.0
+
+
+@pytest.fixture
+def one_thread() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(1) as pool:
+        yield pool
+
+
+@pytest.fixture
+def two_threads() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(2) as pool:
+        yield pool
+
+
+def held(gate: threading.Event, started: threading.Event | None = None) -> Callable[[], None]:
+    def job() -> None:
+        if started is not None:
+            started.set()
+        assert gate.wait(WAIT)
+
+    return job
+
+
+def recorded(order: list[str], name: str) -> Callable[[], str]:
+    def job() -> str:
+        order.append(name)
+        return name
+
+    return job
+
+
+def test_urgent_jobs_run_before_the_jobs_of_any_lane(one_thread: ThreadPoolExecutor) -> None:
+    lanes, gate = Lanes(one_thread), threading.Event()
+    order: list[str] = []
+    lanes.submit(held(gate))
+    lanes.submit(recorded(order, "a1"), lane="a")
+    last = lanes.submit(recorded(order, "urgent"))
+    gate.set()
+    last.result(WAIT)
+    lanes.submit(recorded(order, "end")).result(WAIT)
+    assert order == ["urgent", "a1", "end"]
+
+
+def test_the_jobs_of_one_lane_run_in_the_order_they_came(one_thread: ThreadPoolExecutor) -> None:
+    lanes, gate = Lanes(one_thread), threading.Event()
+    order: list[str] = []
+    lanes.submit(held(gate))
+    futures = [lanes.submit(recorded(order, f"a{n}"), lane="a") for n in range(5)]
+    gate.set()
+    assert [future.result(WAIT) for future in futures] == ["a0", "a1", "a2", "a3", "a4"]
+    assert order == ["a0", "a1", "a2", "a3", "a4"]
+
+
+def test_a_free_thread_takes_a_lane_no_other_thread_is_working_on(two_threads: ThreadPoolExecutor) -> None:
+    lanes = Lanes(two_threads)
+    order: list[str] = []
+    gate_a, started_a = threading.Event(), threading.Event()
+    gate_other, started_other = threading.Event(), threading.Event()
+    first_of_a = lanes.submit(held(gate_a, started_a), lane="a")
+    other = lanes.submit(held(gate_other, started_other))
+    assert started_a.wait(WAIT)
+    assert started_other.wait(WAIT)  # both threads busy, one on lane a
+    later_of_a = lanes.submit(recorded(order, "a2"), lane="a")
+    lane_b = lanes.submit(recorded(order, "b1"), lane="b")
+    gate_other.set()  # the thread that frees up passes over lane a, which has a thread
+    assert (other.result(WAIT), lane_b.result(WAIT), later_of_a.result(WAIT)) == (None, "b1", "a2")
+    assert order == ["b1", "a2"]  # lane b's job first, although lane a's came before it
+    gate_a.set()
+    first_of_a.result(WAIT)
+
+
+def test_a_cancelled_job_never_runs(one_thread: ThreadPoolExecutor) -> None:
+    lanes, gate = Lanes(one_thread), threading.Event()
+    order: list[str] = []
+    lanes.submit(held(gate))
+    cancelled = lanes.submit(recorded(order, "cancelled"), lane="a")
+    assert cancelled.cancel()
+    after = lanes.submit(recorded(order, "after"), lane="a")
+    gate.set()
+    assert after.result(WAIT) == "after"
+    assert order == ["after"]
+
+
+def test_a_jobs_error_is_raised_by_its_future(one_thread: ThreadPoolExecutor) -> None:
+    def failing() -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        Lanes(one_thread).submit(failing, lane="a").result(WAIT)
