@@ -208,7 +208,8 @@ def _close(file: OpenFile) -> None:
 
 def _is_hole(file: OpenFile, parts: Sequence[bytes | memoryview]) -> bool:
     """Whether ``parts`` are zeros enough to be left as a hole in ``file`` (noting that it has one)."""
-    if sum(len(part) for part in parts) >= HOLE_FROM and all(_all_zeros(part) for part in parts):
+    # The zeros first: on most data the first part's ends already say no.
+    if all(_all_zeros(part) for part in parts) and sum(len(part) for part in parts) >= HOLE_FROM:
         file.holes = True
         return True
     return False
@@ -222,13 +223,21 @@ def _all_zeros(part: bytes | memoryview) -> bool:
 
 def _write_all(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> None:
     views = [memoryview(part) for part in parts]
-    while views:
+    left = sum(len(view) for view in views)
+    while left:
         written = _pwrite_from(fd, views, offset)
         offset += written
-        views = past(views, written)
+        left -= written
+        if left:
+            views = past(views, written)
 
 
-def _pwrite_from(fd: int, views: list[memoryview], offset: int) -> int:
-    if hasattr(os, "pwritev"):
+if hasattr(os, "pwritev"):
+
+    def _pwrite_from(fd: int, views: list[memoryview], offset: int) -> int:
         return os.pwritev(fd, views, offset)  # one call writes every part
-    return os.pwrite(fd, views[0], offset)  # pragma: no cover - platforms without pwritev
+
+else:  # pragma: no cover - platforms without pwritev
+
+    def _pwrite_from(fd: int, views: list[memoryview], offset: int) -> int:
+        return os.pwrite(fd, views[0], offset)

@@ -49,6 +49,8 @@ _Skips = tuple[tuple[int, int], ...]
 _Member = tuple[_Content, _Skips]
 _Routed = tuple[int, int, Route, int]
 """The part of a member's content that a route writes: from, to, the route, its file offset."""
+_Routing = Callable[[], _Routed | None]
+"""What a job writes of its member's content (:data:`_Routed`), asked once it is decoded."""
 
 UNSETTLED = 4096
 """Members queued but not yet accounted for in the stream, at most. Most are promised ones
@@ -282,9 +284,9 @@ class IndexedReader(io.RawIOBase):
         lazy: bool = False,
     ) -> None:
         """Queue the data member at ``start``, whose header's own fields begin ``fields``, to be
-        decoded by ``job`` on the pool, and to write what the route holds of it (``job`` then
-        takes ``routed``). A ``lazy`` job reads the member itself: one wholly inside the route
-        is promised (:mod:`.routing`), which costs nothing until a thread runs it."""
+        decoded by ``job`` on the pool, and to write what a route holds of it (``job`` takes
+        ``routing``). A ``lazy`` job reads the member itself: one wholly inside the route is
+        promised (:mod:`.routing`), which costs nothing until a thread runs it."""
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
         declared = members.declared_size(fields, start)
@@ -297,32 +299,34 @@ class IndexedReader(io.RawIOBase):
                 f"bytes; only the last may be shorter than {members.BLOCK}"
             )
         self._seen.append((frame.length, declared))
-        routed = self._routed(declared)
-        if routed is not None:
-            job = functools.partial(job, routed=routed)
+        begins = self._queued_content
+        self._queued_content += declared
+        routed = self._routed(begins, declared)
         if self._lanes is None:
-            self._queue(job())
+            self._queue(job(routing=lambda: routed))
         elif lazy and routed is not None and routed[:2] == (0, declared):
+            # Promised: handed on now, so the route is fixed now; the next file's may replace
+            # it before the job runs.
             route = routed[2]
-            promised = self._lanes.submit(job, lane=route)
+            promised = self._lanes.submit(functools.partial(job, routing=lambda: routed), lane=route)
             route.promise(promised)
             written: list[Piece] = [Written(declared)]
             self._queue(promised, handed_on=(written, ()))
         else:
-            self._queue(self._lanes.submit(job))  # urgent: it is handed on next
+            # Handed on only once done, so no later route can replace the one that holds it
+            # while it runs: asked then, it also finds a route set after it was queued (the
+            # header of its file was in a member before it).
+            routing = functools.partial(self._routed, begins, declared)
+            self._queue(self._lanes.submit(functools.partial(job, routing=routing)))
 
-    def _routed(self, size: int) -> _Routed | None:
-        """What the route holds of the next data member's ``size`` bytes of content, if any."""
-        begins = self._queued_content
-        self._queued_content += size
-        if self._route is None:
+    def _routed(self, begins: int, size: int) -> _Routed | None:
+        """What the route holds of the ``size`` bytes of content from ``begins``, if any."""
+        route = self._route  # read once: the extracting thread replaces it, on any thread
+        if route is None:
             return None
-        start, end, write = self._route
-        if end <= begins:
-            self._route = None
-            return None
+        start, end, target = route
         low, high = max(start, begins), min(end, begins + size)
-        return (low - begins, high - begins, write, low - start) if low < high else None
+        return (low - begins, high - begins, target, low - start) if low < high else None
 
     def _read_member_at(
         self,
@@ -331,14 +335,14 @@ class IndexedReader(io.RawIOBase):
         frame: members.Frame,
         head_crc: int,
         what: str,
-        routed: _Routed | None = None,
+        routing: _Routing,
     ) -> _Member:
         """On the pool: the rest of the data member at ``start`` (``what``), read there and
-        decoded; the part ``routed`` names written to its file, and handed on as written."""
+        decoded; the part ``routing`` names written to its file, and handed on as written."""
         rest_at = start + members.HEADER_PREFIX
         rest = self._read_at(positional, rest_at, frame.length - members.HEADER_PREFIX, what)
         skips = ((members.HEADER_PREFIX + len(rest), members.crc32(rest, head_crc)),)
-        return _decoded(rest, start, frame, routed, skips)
+        return _decoded(rest, start, frame, routing, skips)
 
     def _tail(self, member: bytes, start: int) -> None:
         index_offset, count, total = members.decode_tail(member)
@@ -399,12 +403,11 @@ def _readable(piece: Piece) -> bytes | memoryview:
     return piece
 
 
-def _decoded(
-    rest: bytes, start: int, frame: members.Frame, routed: _Routed | None = None, skips: _Skips = ()
-) -> _Member:
-    """On the pool: the data member at ``start`` decoded, and the part ``routed`` names written
+def _decoded(rest: bytes, start: int, frame: members.Frame, routing: _Routing, skips: _Skips = ()) -> _Member:
+    """On the pool: the data member at ``start`` decoded, and the part ``routing`` names written
     to its file once checked, to be handed on as written."""
     content = members.decode_member(rest, start, frame)
+    routed = routing()
     if routed is None:
         return content, skips
     low, high, route, file_offset = routed
