@@ -12,6 +12,7 @@ from typing import IO, cast
 
 from flyte_checkpoint.archive.compression import CHUNK, compression_threads, tar_stream
 from flyte_checkpoint.archive.file_writes import FileWrites
+from flyte_checkpoint.archive.lanes import Lanes
 from flyte_checkpoint.archive.limits import CountingReader, ExtractionLimits, LimitCounter
 from flyte_checkpoint.archive.links import link_resolution_problem, link_target_problem
 from flyte_checkpoint.archive.tar_headers import FILE_TYPES, Entry, TarReader
@@ -48,10 +49,13 @@ def unpack_archive(
     # One pool inflates members and writes files: more threads than cores would only take
     # turns, and each hand-over between them costs a wake-up.
     pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_PREFIX) if threads > 1 else None
+    # Its jobs are picked so its threads write different files at once; the file writes of
+    # the extracting thread are urgent there, not queued behind them.
+    lanes = Lanes(pool) if pool is not None else None
     try:
         with (
-            tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads, pool=pool) as plain,
-            FileWrites(pool, threads) as writes,
+            tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads, pool=lanes) as plain,
+            FileWrites(lanes, threads) as writes,
         ):
             _Extractor(root, limits, counted if compressed else None, writes).run(plain)
     finally:

@@ -9,25 +9,29 @@ is working on (of the oldest lane, when every lane has a thread), and within a l
 run in the order they came. A job whose result the caller waits for next is *urgent*: it runs
 before every lane's.
 
-Each :meth:`Lanes.submit` hands the pool one call that runs one job, the one picked when the
-call starts, so every job runs, and at most as many at once as the pool has threads. A job's
-future is cancelled like any other, and a cancelled job is skipped.
+Each job submitted hands the pool one call that runs one job, the one picked when the call
+starts, so every job runs, and at most as many at once as the pool has threads. A job's future
+is cancelled like any other, and a cancelled job is skipped. :class:`Lanes` is itself an
+:class:`~concurrent.futures.Executor` whose :meth:`~Lanes.submit` jobs are urgent, so a load's
+file writes (:mod:`.file_writes`) share it and are not queued behind the lanes.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _Job = tuple[Future[Any], Callable[[], Any], object]
 
 
-class Lanes:
+class Lanes(Executor):
     """Runs jobs on ``pool`` (the caller's to shut down), urgent ones first, then by lane."""
 
     def __init__(self, pool: Executor) -> None:
@@ -37,9 +41,22 @@ class Lanes:
         self._lanes: dict[object, deque[_Job]] = {}  # in the order they opened: oldest first
         self._running: dict[object, int] = {}
 
-    def submit(self, job: Callable[[], T], lane: object = None) -> Future[T]:
-        """Run ``job`` after the jobs of ``lane`` submitted before it, or, when ``lane`` is
-        ``None``, before any lane's job, after the urgent ones submitted before it."""
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """Run ``fn(*args, **kwargs)`` as an urgent job."""
+        return self.submit_to(None, functools.partial(fn, *args, **kwargs))
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Cancel the jobs not started, if asked; the pool is the caller's to shut down."""
+        if cancel_futures:
+            with self._lock:
+                queued = [*self._urgent, *(job for queue in self._lanes.values() for job in queue)]
+            for future, _, _ in queued:
+                future.cancel()
+
+    def submit_to(self, lane: object, job: Callable[[], T]) -> Future[T]:
+        """Run ``job`` after the jobs of ``lane`` (any hashable object) submitted before it, or,
+        when ``lane`` is ``None``, before any lane's job, after the urgent ones submitted
+        before it."""
         future: Future[T] = Future()
         with self._lock:
             queue = self._urgent if lane is None else self._lanes.setdefault(lane, deque())

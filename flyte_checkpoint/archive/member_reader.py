@@ -78,7 +78,8 @@ class IndexedReader(io.RawIOBase):
         # has consumed. The first member is read in order, the rest at their offsets.
         found = positional_reads(source) if self._pool is not None else None
         self._positional = found if found is not None and found.consumed() == len(head) else None
-        self._lanes = Lanes(self._pool) if self._pool is not None else None
+        # A load passes the Lanes its file writes share; else they are made here.
+        self._lanes = self._pool if isinstance(self._pool, Lanes) or self._pool is None else Lanes(self._pool)
         self._ahead = threads + 1
         # What to hand on, in order, at most ``_ahead`` members; and every member queued, in
         # order, until the stream has skipped it (a promised member is handed on at once, and
@@ -308,7 +309,7 @@ class IndexedReader(io.RawIOBase):
             # Promised: handed on now, so the route is fixed now; the next file's may replace
             # it before the job runs.
             route = routed[2]
-            promised = self._lanes.submit(functools.partial(job, routing=lambda: routed), lane=route)
+            promised = self._lanes.submit_to(route, functools.partial(job, routing=lambda: routed))
             route.promise(promised)
             written: list[Piece] = [Written(declared)]
             self._queue(promised, handed_on=(written, ()))
@@ -317,7 +318,7 @@ class IndexedReader(io.RawIOBase):
             # while it runs: asked then, it also finds a route set after it was queued (the
             # header of its file was in a member before it).
             routing = functools.partial(self._routed, begins, declared)
-            self._queue(self._lanes.submit(functools.partial(job, routing=routing)))
+            self._queue(self._lanes.submit(job, routing=routing))
 
     def _routed(self, begins: int, size: int) -> _Routed | None:
         """What the route holds of the ``size`` bytes of content from ``begins``, if any."""

@@ -47,7 +47,7 @@ def test_urgent_jobs_run_before_the_jobs_of_any_lane(one_thread: ThreadPoolExecu
     lanes, gate = Lanes(one_thread), threading.Event()
     order: list[str] = []
     lanes.submit(held(gate))
-    lanes.submit(recorded(order, "a1"), lane="a")
+    lanes.submit_to("a", recorded(order, "a1"))
     last = lanes.submit(recorded(order, "urgent"))
     gate.set()
     last.result(WAIT)
@@ -59,7 +59,7 @@ def test_the_jobs_of_one_lane_run_in_the_order_they_came(one_thread: ThreadPoolE
     lanes, gate = Lanes(one_thread), threading.Event()
     order: list[str] = []
     lanes.submit(held(gate))
-    futures = [lanes.submit(recorded(order, f"a{n}"), lane="a") for n in range(5)]
+    futures = [lanes.submit_to("a", recorded(order, f"a{n}")) for n in range(5)]
     gate.set()
     assert [future.result(WAIT) for future in futures] == ["a0", "a1", "a2", "a3", "a4"]
     assert order == ["a0", "a1", "a2", "a3", "a4"]
@@ -70,12 +70,12 @@ def test_a_free_thread_takes_a_lane_no_other_thread_is_working_on(two_threads: T
     order: list[str] = []
     gate_a, started_a = threading.Event(), threading.Event()
     gate_other, started_other = threading.Event(), threading.Event()
-    first_of_a = lanes.submit(held(gate_a, started_a), lane="a")
+    first_of_a = lanes.submit_to("a", held(gate_a, started_a))
     other = lanes.submit(held(gate_other, started_other))
     assert started_a.wait(WAIT)
     assert started_other.wait(WAIT)  # both threads busy, one on lane a
-    later_of_a = lanes.submit(recorded(order, "a2"), lane="a")
-    lane_b = lanes.submit(recorded(order, "b1"), lane="b")
+    later_of_a = lanes.submit_to("a", recorded(order, "a2"))
+    lane_b = lanes.submit_to("b", recorded(order, "b1"))
     gate_other.set()  # the thread that frees up passes over lane a, which has a thread
     assert (other.result(WAIT), lane_b.result(WAIT), later_of_a.result(WAIT)) == (None, "b1", "a2")
     assert order == ["b1", "a2"]  # lane b's job first, although lane a's came before it
@@ -87,9 +87,9 @@ def test_a_cancelled_job_never_runs(one_thread: ThreadPoolExecutor) -> None:
     lanes, gate = Lanes(one_thread), threading.Event()
     order: list[str] = []
     lanes.submit(held(gate))
-    cancelled = lanes.submit(recorded(order, "cancelled"), lane="a")
+    cancelled = lanes.submit_to("a", recorded(order, "cancelled"))
     assert cancelled.cancel()
-    after = lanes.submit(recorded(order, "after"), lane="a")
+    after = lanes.submit_to("a", recorded(order, "after"))
     gate.set()
     assert after.result(WAIT) == "after"
     assert order == ["after"]
@@ -100,4 +100,20 @@ def test_a_jobs_error_is_raised_by_its_future(one_thread: ThreadPoolExecutor) ->
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        Lanes(one_thread).submit(failing, lane="a").result(WAIT)
+        Lanes(one_thread).submit_to("a", failing).result(WAIT)
+
+
+def test_shutting_down_with_cancel_futures_cancels_the_jobs_not_started(
+    one_thread: ThreadPoolExecutor,
+) -> None:
+    lanes, gate, started = Lanes(one_thread), threading.Event(), threading.Event()
+    order: list[str] = []
+    running = lanes.submit(held(gate, started))
+    assert started.wait(WAIT)
+    queued = [lanes.submit_to("a", recorded(order, "a1")), lanes.submit(recorded(order, "urgent"))]
+    lanes.shutdown(cancel_futures=True)
+    gate.set()
+    running.result(WAIT)
+    assert all(future.cancelled() for future in queued)
+    lanes.submit(recorded(order, "after")).result(WAIT)
+    assert order == ["after"]
