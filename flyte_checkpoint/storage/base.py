@@ -312,11 +312,13 @@ class VerifyingReader(io.RawIOBase):
         recorded = info.recorded_digest
         self._digest = ContentDigest.like(recorded, where=f"checkpoint {info.uri}") if recorded else None
         self._size = 0
+        self._skipped = 0  # bytes skipped (read at offsets) that the stream has not yet moved past
         self._verified = False
         self._progress = reporter(progress, info.size)
 
     def read(self, size: int = -1) -> bytes:
         with self._translate_errors():
+            self._move_past_skipped()
             data = self._stream.read(size)
         self._account(data, wanted=size != 0)
         return data
@@ -330,6 +332,7 @@ class VerifyingReader(io.RawIOBase):
             return len(data)
         # Straight into the caller's buffer: no per-read allocation and copy of large chunks.
         with self._translate_errors():
+            self._move_past_skipped()
             count = into(view) or 0
         self._account(view[:count], wanted=len(view) != 0)
         return count
@@ -358,11 +361,17 @@ class VerifyingReader(io.RawIOBase):
         return None if descriptor is None else _VerifiedPositionalReads(self, descriptor)
 
     def _skip(self, length: int, crc: int) -> None:
-        with self._translate_errors():
-            self._stream.seek(length, os.SEEK_CUR)
+        # The stream moves past them at the next read in order: a load skips every member of a
+        # local object, and a seek for each cost the reading thread a system call per MiB.
+        self._skipped += length
         if self._digest is not None:
             self._digest.join_crc32(crc, length)
         self._advance(length)
+
+    def _move_past_skipped(self) -> None:
+        if self._skipped:
+            self._stream.seek(self._skipped, os.SEEK_CUR)
+            self._skipped = 0
 
     def _advance(self, length: int) -> None:
         """Count ``length`` more bytes of the object as read (and report the progress)."""

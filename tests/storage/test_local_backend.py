@@ -483,6 +483,19 @@ def test_a_local_object_read_at_offsets_and_skipped_with_true_crcs_passes_its_ch
     assert reader.verified
 
 
+def test_reads_in_order_go_on_after_the_bytes_skipped(
+    opened_object: tuple[VerifyingReader, PositionalReads],
+) -> None:
+    reader, positional = opened_object
+    assert reader.read(100) == DATA[:100]
+    positional.skip(1_000, zlib.crc32(DATA[100:1_100]))  # two skips with no read between
+    positional.skip(1_000, zlib.crc32(DATA[1_100:2_100]))
+    assert reader.read(50) == DATA[2_100:2_150]
+    positional.skip(len(DATA) - 2_150, zlib.crc32(DATA[2_150:]))
+    assert reader.read(1) == b""
+    assert reader.verified
+
+
 def test_a_local_object_skipped_with_a_wrong_crc_fails_its_digest_check(
     opened_object: tuple[VerifyingReader, PositionalReads],
 ) -> None:
