@@ -15,10 +15,10 @@ import os
 import tarfile
 import zlib
 from collections.abc import Iterator
-from concurrent.futures import Executor
 from typing import IO, Any, cast
 
 from flyte_checkpoint.archive import members
+from flyte_checkpoint.archive.lanes import Lanes
 from flyte_checkpoint.archive.member_reader import IndexedReader
 from flyte_checkpoint.archive.member_writer import MemberWriter
 from flyte_checkpoint.archive.prefixed import PrefixedReader
@@ -114,7 +114,7 @@ def gzip_reader(source: IO[bytes]) -> Iterator[IO[bytes]]:
 
 @contextlib.contextmanager
 def tar_stream(
-    source: IO[bytes], *, compressed: bool, threads: int | None = None, pool: Executor | None = None
+    source: IO[bytes], *, compressed: bool, threads: int | None = None, pool: Lanes | None = None
 ) -> Iterator[IO[bytes]]:
     """The plain tar bytes of ``source``, read to its very end on success (so the gzip CRC and
     length, or the index, are checked after the last member); a malformed stream is
@@ -132,7 +132,7 @@ def tar_stream(
 
 
 @contextlib.contextmanager
-def _decompressed(source: IO[bytes], threads: int | None, pool: Executor | None) -> Iterator[IO[bytes]]:
+def _decompressed(source: IO[bytes], threads: int | None, pool: Lanes | None) -> Iterator[IO[bytes]]:
     head = b""
     while len(head) < members.HEADER_PREFIX and (more := source.read(members.HEADER_PREFIX - len(head))):
         head += more

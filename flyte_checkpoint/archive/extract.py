@@ -6,7 +6,6 @@ import errno
 import os
 import stat
 import tarfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, cast
 
@@ -47,11 +46,10 @@ def unpack_archive(
     root = Path(os.path.realpath(dest))
     counted = CountingReader(source)
     # One pool inflates members and writes files: more threads than cores would only take
-    # turns, and each hand-over between them costs a wake-up.
-    pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_PREFIX) if threads > 1 else None
-    # Its jobs are picked so its threads write different files at once; the file writes of
-    # the extracting thread are urgent there, not queued behind them.
-    lanes = Lanes(pool) if pool is not None else None
+    # turns, and each hand-over between them costs a wake-up. Its jobs are picked so its
+    # threads write different files at once; the extracting thread's own file writes are
+    # urgent there, not queued behind them.
+    lanes = Lanes(threads, THREAD_PREFIX) if threads > 1 else None
     try:
         with (
             tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads, pool=lanes) as plain,
@@ -59,8 +57,8 @@ def unpack_archive(
         ):
             _Extractor(root, limits, counted if compressed else None, writes).run(plain)
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if lanes is not None:
+            lanes.shutdown(wait=True, cancel_futures=True)
 
 
 # OS errors caused by what a member is called rather than by the disk: the archive cannot be

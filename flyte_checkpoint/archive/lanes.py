@@ -1,4 +1,4 @@
-"""Jobs on a shared pool, picked so that its threads write different files at once.
+"""A load's pool of threads, whose jobs are picked so that its threads write different files at once.
 
 The kernel lets one write into a file at a time (the inode's lock), so two threads that load
 consecutive members of one file take turns at its writes; measured here on 2 cores, reading,
@@ -9,11 +9,12 @@ is working on (of the oldest lane, when every lane has a thread), and within a l
 run in the order they came. A job whose result the caller waits for next is *urgent*: it runs
 before every lane's.
 
-Each job submitted hands the pool one call that runs one job, the one picked when the call
-starts, so every job runs, and at most as many at once as the pool has threads. A job's future
-is cancelled like any other, and a cancelled job is skipped. :class:`Lanes` is itself an
-:class:`~concurrent.futures.Executor` whose :meth:`~Lanes.submit` jobs are urgent, so a load's
-file writes (:mod:`.file_writes`) share it and are not queued behind the lanes.
+:class:`Lanes` is an :class:`~concurrent.futures.Executor` with threads of its own, whose
+:meth:`~Lanes.submit` jobs are urgent, so a load's file writes (:mod:`.file_writes`) share it
+and are not queued behind the lanes. Its threads take the next job themselves, where a job
+handed through a :class:`~concurrent.futures.ThreadPoolExecutor` cost the submitting thread a
+second future and work item: about a sixth of the extracting thread's time per member. A job's
+future is cancelled like any other, and a cancelled job is skipped.
 """
 
 from __future__ import annotations
@@ -32,55 +33,76 @@ _Job = tuple[Future[Any], Callable[[], Any], object]
 
 
 class Lanes(Executor):
-    """Runs jobs on ``pool`` (the caller's to shut down), urgent ones first, then by lane."""
+    """``threads`` threads named ``{thread_name_prefix}_{n}`` that run jobs, urgent ones first,
+    then by lane. :meth:`shutdown` ends them (the threads are daemons, so a pool never shut
+    down cannot keep the interpreter from exiting)."""
 
-    def __init__(self, pool: Executor) -> None:
-        self._pool = pool
-        self._lock = threading.Lock()
+    def __init__(self, threads: int, thread_name_prefix: str) -> None:
+        self._ready = threading.Condition(threading.Lock())
         self._urgent: deque[_Job] = deque()
         self._lanes: dict[object, deque[_Job]] = {}  # in the order they opened: oldest first
         self._running: dict[object, int] = {}
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{thread_name_prefix}_{number}", daemon=True)
+            for number in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` as an urgent job."""
         return self.submit_to(None, functools.partial(fn, *args, **kwargs))
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Cancel the jobs not started, if asked; the pool is the caller's to shut down."""
-        if cancel_futures:
-            with self._lock:
-                queued = [*self._urgent, *(job for queue in self._lanes.values() for job in queue)]
-            for future, _, _ in queued:
-                future.cancel()
 
     def submit_to(self, lane: object, job: Callable[[], T]) -> Future[T]:
         """Run ``job`` after the jobs of ``lane`` (any hashable object) submitted before it, or,
         when ``lane`` is ``None``, before any lane's job, after the urgent ones submitted
         before it."""
         future: Future[T] = Future()
-        with self._lock:
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("cannot schedule new jobs after shutdown")
             queue = self._urgent if lane is None else self._lanes.setdefault(lane, deque())
             queue.append((future, job, lane))
-        self._pool.submit(self._run_one)
+            self._ready.notify()
         return future
 
-    def _run_one(self) -> None:
-        with self._lock:
-            future, job, lane = self._pick()
-            self._running[lane] = self._running.get(lane, 0) + 1
-        try:
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = job()
-                except BaseException as exc:  # the waiter gets it, as from an executor's future
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
-        finally:
-            with self._lock:
-                self._running[lane] -= 1
-                if not self._running[lane]:
-                    del self._running[lane]
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Take no more jobs; cancel those not started if ``cancel_futures`` (else they still
+        run); with ``wait``, return once the threads have ended."""
+        with self._ready:
+            self._closed = True
+            if cancel_futures:
+                for future, _, _ in (
+                    *self._urgent,
+                    *(job for queue in self._lanes.values() for job in queue),
+                ):
+                    future.cancel()
+                self._urgent.clear()
+                self._lanes.clear()
+            self._ready.notify_all()
+        if wait:
+            for thread in self._threads:
+                if thread is not threading.current_thread():
+                    thread.join()
+
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._urgent and not self._lanes:
+                    if self._closed:
+                        return
+                    self._ready.wait()
+                future, job, lane = self._pick()
+                self._running[lane] = self._running.get(lane, 0) + 1
+            try:
+                _run(future, job)
+            finally:
+                with self._ready:
+                    self._running[lane] -= 1
+                    if not self._running[lane]:
+                        del self._running[lane]
+            del future, job  # nothing of the job's is kept while the thread waits for the next
 
     def _pick(self) -> _Job:
         if self._urgent:
@@ -93,3 +115,16 @@ class Lanes(Executor):
         if not queue:
             del self._lanes[lane]
         return picked
+
+
+def _run(future: Future[T], job: Callable[[], T]) -> None:
+    """Run ``job`` for ``future``, unless it was cancelled. (Its own frame, so that what the job
+    returned, a MiB or two, is not kept alive by the thread until its next job.)"""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = job()
+    except BaseException as exc:  # the waiter gets it, as from an executor's future
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

@@ -32,7 +32,7 @@ import functools
 import io
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import IO
 
 from flyte_checkpoint.archive import members
@@ -64,22 +64,16 @@ class IndexedReader(io.RawIOBase):
     ``threads`` of its own, or on the reading thread when ``threads`` is 1.
     """
 
-    def __init__(self, source: IO[bytes], head: bytes, threads: int, pool: Executor | None = None) -> None:
+    def __init__(self, source: IO[bytes], head: bytes, threads: int, pool: Lanes | None = None) -> None:
         self._source = source
         self._head = head
         self._offset = 0
-        self._own_pool = (
-            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX)
-            if pool is None and threads > 1
-            else None
-        )
+        self._own_pool = Lanes(threads, THREAD_PREFIX) if pool is None and threads > 1 else None
         self._pool = pool or self._own_pool
         # Read at offsets only where the stream's offsets are the archive's: ``head`` is all it
         # has consumed. The first member is read in order, the rest at their offsets.
         found = positional_reads(source) if self._pool is not None else None
         self._positional = found if found is not None and found.consumed() == len(head) else None
-        # A load passes the Lanes its file writes share; else they are made here.
-        self._lanes = self._pool if isinstance(self._pool, Lanes) or self._pool is None else Lanes(self._pool)
         self._ahead = threads + 1
         # What to hand on, in order, at most ``_ahead`` members; and every member queued, in
         # order, until the stream has skipped it (a promised member is handed on at once, and
@@ -303,13 +297,13 @@ class IndexedReader(io.RawIOBase):
         begins = self._queued_content
         self._queued_content += declared
         routed = self._routed(begins, declared)
-        if self._lanes is None:
+        if self._pool is None:
             self._queue(job(routing=lambda: routed))
         elif lazy and routed is not None and routed[:2] == (0, declared):
             # Promised: handed on now, so the route is fixed now; the next file's may replace
             # it before the job runs.
             route = routed[2]
-            promised = self._lanes.submit_to(route, functools.partial(job, routing=lambda: routed))
+            promised = self._pool.submit_to(route, functools.partial(job, routing=lambda: routed))
             route.promise(promised)
             written: list[Piece] = [Written(declared)]
             self._queue(promised, handed_on=(written, ()))
@@ -318,7 +312,7 @@ class IndexedReader(io.RawIOBase):
             # while it runs: asked then, it also finds a route set after it was queued (the
             # header of its file was in a member before it).
             routing = functools.partial(self._routed, begins, declared)
-            self._queue(self._lanes.submit(job, routing=routing))
+            self._queue(self._pool.submit(job, routing=routing))
 
     def _routed(self, begins: int, size: int) -> _Routed | None:
         """What the route holds of the ``size`` bytes of content from ``begins``, if any."""

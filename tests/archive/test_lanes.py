@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,15 +14,17 @@ WAIT = 10.0
 
 
 @pytest.fixture
-def one_thread() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(1) as pool:
-        yield pool
+def one_thread() -> Iterator[Lanes]:
+    lanes = Lanes(1, "test-lanes")
+    yield lanes
+    lanes.shutdown(cancel_futures=True)
 
 
 @pytest.fixture
-def two_threads() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(2) as pool:
-        yield pool
+def two_threads() -> Iterator[Lanes]:
+    lanes = Lanes(2, "test-lanes")
+    yield lanes
+    lanes.shutdown(cancel_futures=True)
 
 
 def held(gate: threading.Event, started: threading.Event | None = None) -> Callable[[], None]:
@@ -43,8 +44,8 @@ def recorded(order: list[str], name: str) -> Callable[[], str]:
     return job
 
 
-def test_urgent_jobs_run_before_the_jobs_of_any_lane(one_thread: ThreadPoolExecutor) -> None:
-    lanes, gate = Lanes(one_thread), threading.Event()
+def test_urgent_jobs_run_before_the_jobs_of_any_lane(one_thread: Lanes) -> None:
+    lanes, gate = one_thread, threading.Event()
     order: list[str] = []
     lanes.submit(held(gate))
     lanes.submit_to("a", recorded(order, "a1"))
@@ -55,8 +56,8 @@ def test_urgent_jobs_run_before_the_jobs_of_any_lane(one_thread: ThreadPoolExecu
     assert order == ["urgent", "a1", "end"]
 
 
-def test_the_jobs_of_one_lane_run_in_the_order_they_came(one_thread: ThreadPoolExecutor) -> None:
-    lanes, gate = Lanes(one_thread), threading.Event()
+def test_the_jobs_of_one_lane_run_in_the_order_they_came(one_thread: Lanes) -> None:
+    lanes, gate = one_thread, threading.Event()
     order: list[str] = []
     lanes.submit(held(gate))
     futures = [lanes.submit_to("a", recorded(order, f"a{n}")) for n in range(5)]
@@ -65,8 +66,8 @@ def test_the_jobs_of_one_lane_run_in_the_order_they_came(one_thread: ThreadPoolE
     assert order == ["a0", "a1", "a2", "a3", "a4"]
 
 
-def test_a_free_thread_takes_a_lane_no_other_thread_is_working_on(two_threads: ThreadPoolExecutor) -> None:
-    lanes = Lanes(two_threads)
+def test_a_free_thread_takes_a_lane_no_other_thread_is_working_on(two_threads: Lanes) -> None:
+    lanes = two_threads
     order: list[str] = []
     gate_a, started_a = threading.Event(), threading.Event()
     gate_other, started_other = threading.Event(), threading.Event()
@@ -83,8 +84,8 @@ def test_a_free_thread_takes_a_lane_no_other_thread_is_working_on(two_threads: T
     first_of_a.result(WAIT)
 
 
-def test_a_cancelled_job_never_runs(one_thread: ThreadPoolExecutor) -> None:
-    lanes, gate = Lanes(one_thread), threading.Event()
+def test_a_cancelled_job_never_runs(one_thread: Lanes) -> None:
+    lanes, gate = one_thread, threading.Event()
     order: list[str] = []
     lanes.submit(held(gate))
     cancelled = lanes.submit_to("a", recorded(order, "cancelled"))
@@ -95,25 +96,41 @@ def test_a_cancelled_job_never_runs(one_thread: ThreadPoolExecutor) -> None:
     assert order == ["after"]
 
 
-def test_a_jobs_error_is_raised_by_its_future(one_thread: ThreadPoolExecutor) -> None:
+def test_a_jobs_error_is_raised_by_its_future(one_thread: Lanes) -> None:
     def failing() -> None:
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        Lanes(one_thread).submit_to("a", failing).result(WAIT)
+        one_thread.submit_to("a", failing).result(WAIT)
 
 
-def test_shutting_down_with_cancel_futures_cancels_the_jobs_not_started(
-    one_thread: ThreadPoolExecutor,
-) -> None:
-    lanes, gate, started = Lanes(one_thread), threading.Event(), threading.Event()
+def test_shutting_down_with_cancel_futures_cancels_the_jobs_not_started(one_thread: Lanes) -> None:
+    lanes, gate, started = one_thread, threading.Event(), threading.Event()
     order: list[str] = []
     running = lanes.submit(held(gate, started))
     assert started.wait(WAIT)
     queued = [lanes.submit_to("a", recorded(order, "a1")), lanes.submit(recorded(order, "urgent"))]
-    lanes.shutdown(cancel_futures=True)
     gate.set()
-    running.result(WAIT)
+    lanes.shutdown(cancel_futures=True)  # waits for the running job
+    assert running.done()
+    assert running.exception() is None
     assert all(future.cancelled() for future in queued)
-    lanes.submit(recorded(order, "after")).result(WAIT)
-    assert order == ["after"]
+    assert order == []
+
+
+def test_a_pool_shut_down_takes_no_more_jobs_and_its_threads_end(two_threads: Lanes) -> None:
+    two_threads.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        two_threads.submit(print)
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("test-lanes")]
+
+
+def test_jobs_left_at_shutdown_still_run_unless_cancelled(one_thread: Lanes) -> None:
+    gate, started = threading.Event(), threading.Event()
+    order: list[str] = []
+    one_thread.submit(held(gate, started))
+    assert started.wait(WAIT)
+    left = one_thread.submit_to("a", recorded(order, "left"))
+    threading.Timer(0.05, gate.set).start()
+    one_thread.shutdown()
+    assert left.result(0) == "left"
