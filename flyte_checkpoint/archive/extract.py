@@ -49,8 +49,9 @@ def unpack_archive(
     # turns, and each hand-over between them costs a wake-up. Its jobs are picked so its
     # threads write different files at once; the extracting thread's own file writes are
     # urgent there, not queued behind them.
-    lanes = Lanes(threads, THREAD_PREFIX) if threads > 1 else None
+    lanes: Lanes | None = None
     try:
+        lanes = Lanes(threads, THREAD_PREFIX) if threads > 1 else None
         with (
             tar_stream(cast(IO[bytes], counted), compressed=compressed, threads=threads, pool=lanes) as plain,
             FileWrites(lanes, threads) as writes,

@@ -43,12 +43,17 @@ class Lanes(Executor):
         self._lanes: dict[object, deque[_Job]] = {}  # in the order they opened: oldest first
         self._running: dict[object, int] = {}
         self._closed = False
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{thread_name_prefix}_{number}", daemon=True)
-            for number in range(threads)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+        try:
+            for number in range(threads):
+                thread = threading.Thread(
+                    target=self._work, name=f"{thread_name_prefix}_{number}", daemon=True
+                )
+                self._threads.append(thread)  # before it starts: shutdown() then waits for it
+                thread.start()
+        except BaseException:  # Ctrl-C among the starts: end those started, or they wait forever
+            self.shutdown()
+            raise
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` as an urgent job."""
@@ -82,9 +87,20 @@ class Lanes(Executor):
                 self._lanes.clear()
             self._ready.notify_all()
         if wait:
-            for thread in self._threads:
-                if thread is not threading.current_thread():
+            self._join()
+
+    def _join(self) -> None:
+        """Wait for every thread to end, even through Ctrl-C (raised once they have: a thread
+        ends within its job, and one left running would outlive the load it was part of)."""
+        interrupted: BaseException | None = None
+        for thread in self._threads:
+            while thread.is_alive() and thread is not threading.current_thread():
+                try:
                     thread.join()
+                except KeyboardInterrupt as exc:
+                    interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
     def _work(self) -> None:
         while True:

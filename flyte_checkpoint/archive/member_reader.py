@@ -68,11 +68,12 @@ class IndexedReader(io.RawIOBase):
         self._source = source
         self._head = head
         self._offset = 0
-        self._own_pool = Lanes(threads, THREAD_PREFIX) if pool is None and threads > 1 else None
-        self._pool = pool or self._own_pool
+        self._own_pool: Lanes | None = None
+        self._pool = pool
+        parallel = pool is not None or threads > 1
         # Read at offsets only where the stream's offsets are the archive's: ``head`` is all it
         # has consumed. The first member is read in order, the rest at their offsets.
-        found = positional_reads(source) if self._pool is not None else None
+        found = positional_reads(source) if parallel else None
         self._positional = found if found is not None and found.consumed() == len(head) else None
         self._ahead = threads + 1
         # What to hand on, in order, at most ``_ahead`` members; and every member queued, in
@@ -89,6 +90,8 @@ class IndexedReader(io.RawIOBase):
         self._index_offset: int | None = None
         self._done = False
         self._ended = False
+        if pool is None and threads > 1:  # last: a reader that fails to be made is never closed
+            self._own_pool = self._pool = Lanes(threads, THREAD_PREFIX)
 
     def readable(self) -> bool:
         return True

@@ -134,3 +134,26 @@ def test_jobs_left_at_shutdown_still_run_unless_cancelled(one_thread: Lanes) -> 
     threading.Timer(0.05, gate.set).start()
     one_thread.shutdown()
     assert left.result(0) == "left"
+
+
+def test_ctrl_c_while_shutting_down_still_waits_for_the_threads_then_is_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lanes, gate, started = Lanes(2, "test-lanes"), threading.Event(), threading.Event()
+    lanes.submit(held(gate, started))
+    assert started.wait(WAIT)
+    real_join = threading.Thread.join
+    interrupted: list[str] = []
+
+    def join_interrupted_once(thread: threading.Thread, timeout: float | None = None) -> None:
+        if not interrupted:  # Ctrl-C lands in the first join, while a job still runs
+            interrupted.append(thread.name)
+            threading.Timer(0.05, gate.set).start()
+            raise KeyboardInterrupt
+        real_join(thread, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", join_interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        lanes.shutdown()
+    assert interrupted
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("test-lanes")]
