@@ -20,6 +20,7 @@ future is cancelled like any other, and a cancelled job is skipped.
 from __future__ import annotations
 
 import functools
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -38,7 +39,12 @@ class Lanes(Executor):
     down cannot keep the interpreter from exiting)."""
 
     def __init__(self, threads: int, thread_name_prefix: str) -> None:
-        self._ready = threading.Condition(threading.Lock())
+        # The jobs are kept under a plain lock; a thread waits for one on a queue of wake-ups,
+        # one per job, both made in C: Ctrl-C lands on the submitting thread, and a Python-level
+        # condition interrupted half-way through a notify could leave a thread asleep or the
+        # lock held for good.
+        self._lock = threading.Lock()
+        self._wake_ups: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._urgent: deque[_Job] = deque()
         self._lanes: dict[object, deque[_Job]] = {}  # in the order they opened: oldest first
         self._running: dict[object, int] = {}
@@ -64,28 +70,29 @@ class Lanes(Executor):
         when ``lane`` is ``None``, before any lane's job, after the urgent ones submitted
         before it."""
         future: Future[T] = Future()
-        with self._ready:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new jobs after shutdown")
-            queue = self._urgent if lane is None else self._lanes.setdefault(lane, deque())
-            queue.append((future, job, lane))
-            self._ready.notify()
+            jobs = self._urgent if lane is None else self._lanes.setdefault(lane, deque())
+            jobs.append((future, job, lane))
+        self._wake_ups.put(None)
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Take no more jobs; cancel those not started if ``cancel_futures`` (else they still
         run); with ``wait``, return once the threads have ended."""
-        with self._ready:
+        with self._lock:
             self._closed = True
             if cancel_futures:
-                for future, _, _ in (
-                    *self._urgent,
-                    *(job for queue in self._lanes.values() for job in queue),
-                ):
-                    future.cancel()
+                queued = [*self._urgent, *(job for jobs in self._lanes.values() for job in jobs)]
                 self._urgent.clear()
                 self._lanes.clear()
-            self._ready.notify_all()
+            else:
+                queued = []
+        for future, _, _ in queued:
+            future.cancel()
+        for _ in self._threads:
+            self._wake_ups.put(None)  # after every job's: a thread that finds no job then ends
         if wait:
             self._join()
 
@@ -104,17 +111,18 @@ class Lanes(Executor):
 
     def _work(self) -> None:
         while True:
-            with self._ready:
-                while not self._urgent and not self._lanes:
+            self._wake_ups.get()
+            with self._lock:
+                if not self._urgent and not self._lanes:
                     if self._closed:
                         return
-                    self._ready.wait()
+                    continue  # the wake-up of a job cancelled at shutdown
                 future, job, lane = self._pick()
                 self._running[lane] = self._running.get(lane, 0) + 1
             try:
                 _run(future, job)
             finally:
-                with self._ready:
+                with self._lock:
                     self._running[lane] -= 1
                     if not self._running[lane]:
                         del self._running[lane]
