@@ -13,7 +13,7 @@ before every lane's.
 :meth:`~Lanes.submit` jobs are urgent, so a load's file writes (:mod:`.file_writes`) share it
 and are not queued behind the lanes. Its threads take the next job themselves, where a job
 handed through a :class:`~concurrent.futures.ThreadPoolExecutor` cost the submitting thread a
-second future and work item: about a sixth of the extracting thread's time per member. A job's
+second future and work item: about a quarter of the extracting thread's CPU. A job's
 future is cancelled like any other, and a cancelled job is skipped.
 """
 
@@ -113,10 +113,10 @@ class Lanes(Executor):
         while True:
             self._wake_ups.get()
             with self._lock:
+                # Each job's wake-up is put after the job, so a thread finds none only after
+                # shutdown: at one of its wake-ups, or one of a job it cancelled.
                 if not self._urgent and not self._lanes:
-                    if self._closed:
-                        return
-                    continue  # the wake-up of a job cancelled at shutdown
+                    return
                 future, job, lane = self._pick()
                 self._running[lane] = self._running.get(lane, 0) + 1
             try:
@@ -134,9 +134,9 @@ class Lanes(Executor):
         lane = next((lane for lane in self._lanes if lane not in self._running), None)
         if lane is None:
             lane = next(iter(self._lanes))
-        queue = self._lanes[lane]
-        picked = queue.popleft()
-        if not queue:
+        jobs = self._lanes[lane]
+        picked = jobs.popleft()
+        if not jobs:
             del self._lanes[lane]
         return picked
 
