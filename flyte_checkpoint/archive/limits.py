@@ -239,6 +239,9 @@ class _CountedPositionalReads:
     def consumed(self) -> int:
         return self._inner.consumed()
 
+    def size(self) -> int:
+        return self._inner.size()
+
     def read_at(self, offset: int, size: int) -> bytes:
         return self._inner.read_at(offset, size)
 

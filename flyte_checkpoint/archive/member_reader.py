@@ -11,13 +11,18 @@ computed, so its digest still covers every byte, in order. A stored member laid 
 package writes one is not copied at all: its content is handed on as views of the member as
 read, once the pool has checked its CRC-32. Either way the extraction routes each file's data
 (:mod:`.routing`): the pool thread that checked a member writes the part of it that is the
-file's, and hands on a :class:`~.routing.Written` piece in its place. Read at offsets, a member
-wholly inside a file is promised to it: its piece is handed on before the member is read, and
-its job waits in the file's lane (:mod:`.lanes`), so the caller's thread goes on to the next
-file while the pool writes this one, and the pool's threads write different files at once.
-Every member is still skipped in order, once done, with the bytes behind what was handed on
-counted when it is queued (:meth:`~.positional.PositionalReads.reserve`). The extraction that
-consumes the blocks is the same as the streaming path's, with every safety check it makes.
+file's, and hands on a :class:`~.routing.Written` piece in its place. Read at offsets, the
+index is read first (:mod:`.index_plan`), and the members it lists wholly inside a file are
+promised to it in runs: one :class:`~.routing.Written` piece is handed on for a run before any
+of it is read, and one job reads, checks and writes the run, waiting in the file's lane
+(:mod:`.lanes`). So the caller's thread neither reads those members' headers nor hands their
+jobs over one by one; it goes on to the next file while the pool writes this one, and the
+pool's threads write different files at once. Every member is still skipped in order, once
+done, with the bytes behind what was handed on counted when it is queued
+(:meth:`~.positional.PositionalReads.reserve`); each member of a run must be the one the index
+lists, and the index and tail are still checked in order against the members read. The
+extraction that consumes the blocks is the same as the streaming path's, with every safety
+check it makes.
 
 Nothing in the object is trusted: each member must inflate to exactly the size it declares,
 with its CRC-32; the index members and the tail must agree with the data members actually read
@@ -36,6 +41,7 @@ from concurrent.futures import Future
 from typing import IO
 
 from flyte_checkpoint.archive import members
+from flyte_checkpoint.archive.index_plan import Plan, Planned, read_plan
 from flyte_checkpoint.archive.lanes import Lanes
 from flyte_checkpoint.archive.positional import PositionalReads, positional_reads
 from flyte_checkpoint.archive.routing import Piece, Route, Written, cut
@@ -51,6 +57,12 @@ _Routed = tuple[int, int, Route, int]
 """The part of a member's content that a route writes: from, to, the route, its file offset."""
 _Routing = Callable[[], _Routed | None]
 """What a job writes of its member's content (:data:`_Routed`), asked once it is decoded."""
+
+RUN = 8
+"""Members of a file that one promised job reads, checks and writes, at most, where the index
+was read first (:mod:`.index_plan`): a job handed between threads costs both of them (a future,
+a wake-up, the stream's accounting), so a file's members go in runs; 8 MiB keeps two lanes'
+jobs small beside a file of 100 MiB."""
 
 UNSETTLED = 4096
 """Members queued but not yet accounted for in the stream, at most. Most are promised ones
@@ -75,6 +87,7 @@ class IndexedReader(io.RawIOBase):
         # has consumed. The first member is read in order, the rest at their offsets.
         found = positional_reads(source) if parallel else None
         self._positional = found if found is not None and found.consumed() == len(head) else None
+        self._plan: Plan | None = None if self._positional is None else read_plan(self._positional)
         self._ahead = threads + 1
         # What to hand on, in order, at most ``_ahead`` members; and every member queued, in
         # order, until the stream has skipped it (a promised member is handed on at once, and
@@ -218,6 +231,8 @@ class IndexedReader(io.RawIOBase):
     def _next_member(self) -> None:
         start = self._offset
         positional = self._at_offsets()
+        if positional is not None and self._promise_run(positional, start):
+            return
         if positional is None:
             head = self._read(members.HEADER_PREFIX)
         else:
@@ -241,7 +256,7 @@ class IndexedReader(io.RawIOBase):
                     raise _truncated(start + len(head), what)
                 head_crc = members.crc32(head[: members.HEADER_PREFIX])
                 job = functools.partial(self._read_member_at, positional, start, frame, head_crc, what)
-                self._data(head[members.HEADER_PREFIX :], start, frame, job, lazy=True)
+                self._data(head[members.HEADER_PREFIX :], start, frame, job)
                 return
             member = self._read_at(positional, start, frame.length, what)
             skips: _Skips = ((frame.length, members.crc32(member)),)
@@ -278,13 +293,10 @@ class IndexedReader(io.RawIOBase):
         start: int,
         frame: members.Frame,
         job: Callable[..., _Member],
-        *,
-        lazy: bool = False,
     ) -> None:
         """Queue the data member at ``start``, whose header's own fields begin ``fields``, to be
         decoded by ``job`` on the pool, and to write what a route holds of it (``job`` takes
-        ``routing``). A ``lazy`` job reads the member itself: one wholly inside the route is
-        promised (:mod:`.routing`), which costs nothing until a thread runs it."""
+        ``routing``)."""
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
         declared = members.declared_size(fields, start)
@@ -302,20 +314,73 @@ class IndexedReader(io.RawIOBase):
         routed = self._routed(begins, declared)
         if self._pool is None:
             self._queue(job(routing=lambda: routed))
-        elif lazy and routed is not None and routed[:2] == (0, declared):
-            # Promised: handed on now, so the route is fixed now; the next file's may replace
-            # it before the job runs.
-            route = routed[2]
-            promised = self._pool.submit_to(route, functools.partial(job, routing=lambda: routed))
-            route.promise(promised)
-            written: list[Piece] = [Written(declared)]
-            self._queue(promised, handed_on=(written, ()))
         else:
             # Handed on only once done, so no later route can replace the one that holds it
             # while it runs: asked then, it also finds a route set after it was queued (the
             # header of its file was in a member before it).
             routing = functools.partial(self._routed, begins, declared)
             self._queue(self._pool.submit(job, routing=routing))
+
+    def _promise_run(self, positional: PositionalReads, start: int) -> bool:
+        """Promise the members from ``start`` that the index lists wholly inside the route (at
+        most :data:`RUN`) to one job; ``False`` when there is none (the member at ``start`` is
+        then read as any other, and whatever is wrong with it reported)."""
+        number = None if self._plan is None else self._plan.at(start)
+        if number is None or self._plan is None or self._pool is None or self._route is None:
+            return False
+        route_start, route_end, route = self._route
+        begins = self._queued_content
+        if self._index_offset is not None or begins < route_start:
+            return False
+        run: list[Planned] = []
+        ends = begins
+        previous = self._seen[-1][1] if self._seen else members.BLOCK
+        for planned in self._plan.planned[number : number + RUN]:
+            # Only whole blocks: a short member followed by any other is an error that the
+            # member-by-member path reports.
+            if previous != members.BLOCK or ends + planned.declared > route_end:
+                break
+            run.append(planned)
+            ends += planned.declared
+            previous = planned.declared
+        if not run:
+            return False
+        length = sum(planned.length for planned in run)
+        positional.reserve(length)
+        self._offset = start + length
+        self._seen.extend((planned.length, planned.declared) for planned in run)
+        self._queued_content = ends
+        job = functools.partial(self._read_run, positional, tuple(run), route, begins - route_start)
+        promised = self._pool.submit_to(route, job)
+        route.promise(promised)
+        written: list[Piece] = [Written(ends - begins)]
+        self._queue(promised, handed_on=(written, ()))
+        return True
+
+    def _read_run(
+        self, positional: PositionalReads, run: tuple[Planned, ...], route: Route, file_offset: int
+    ) -> _Member:
+        """On the pool: the data members ``run`` lists read at their offsets, each checked to be
+        what the index says it is, decoded, and written through ``route`` from ``file_offset``
+        on; skipped as one span."""
+        crc = 0
+        for planned in run:
+            what = f"the member that starts at byte {planned.start}"
+            member = self._read_at(positional, planned.start, planned.length, what)
+            frame = members.frame(member, planned.start)
+            rest = memoryview(member)[members.HEADER_PREFIX :]
+            if (frame.kind, frame.length) != (members.KIND_DATA, planned.length) or members.declared_size(
+                rest, planned.start
+            ) != planned.declared:
+                raise ArchiveIndexError(
+                    f"damaged archive: {what} is not the data member of {planned.length} bytes "
+                    f"unpacking to {planned.declared} that its index lists"
+                )
+            content = members.decode_member(rest, planned.start, frame)
+            route.write([memoryview(content)] if isinstance(content, bytes) else content, file_offset)
+            file_offset += planned.declared
+            crc = members.crc32(member, crc)
+        return [], ((run[-1].start + run[-1].length - run[0].start, crc),)
 
     def _routed(self, begins: int, size: int) -> _Routed | None:
         """What the route holds of the ``size`` bytes of content from ``begins``, if any."""

@@ -332,8 +332,7 @@ def frame(head: bytes, offset: int) -> Frame:
             f"damaged archive: the {_KINDS[kind]} member at byte {offset} has an extra field of "
             f"{xlen} bytes, which cannot hold the fields its kind has"
         )
-    smallest = header_length + len(_EMPTY_DEFLATE) + _TRAILER.size
-    largest = header_length + max(BLOCK + BLOCK // 10 + 1024, len(_fixed_body(kind))) + _TRAILER.size
+    smallest, largest = _length_bounds(kind, header_length)
     if not smallest <= length <= largest:
         raise ArchiveIndexError(
             f"damaged archive: the {_KINDS[kind]} member at byte {offset} declares a length of "
@@ -342,7 +341,20 @@ def frame(head: bytes, offset: int) -> Frame:
     return Frame(kind, length, header_length)
 
 
-def declared_size(rest: bytes, offset: int) -> int:
+def _length_bounds(kind: int, header_length: int) -> tuple[int, int]:
+    """The shortest and longest a member of ``kind`` with a header of ``header_length`` may be."""
+    smallest = header_length + len(_EMPTY_DEFLATE) + _TRAILER.size
+    largest = header_length + max(BLOCK + BLOCK // 10 + 1024, len(_fixed_body(kind))) + _TRAILER.size
+    return smallest, largest
+
+
+def data_length_fits(length: int) -> bool:
+    """Whether a data member may be ``length`` bytes long (as :func:`frame` checks one)."""
+    smallest, largest = _length_bounds(KIND_DATA, DATA_HEADER)
+    return smallest <= length <= largest
+
+
+def declared_size(rest: bytes | memoryview, offset: int) -> int:
     """The uncompressed size the data member at byte ``offset`` declares, from 1 to
     :data:`BLOCK` (anything else raises :class:`ArchiveIndexError`: the writer cuts whole blocks
     and never an empty one, so what a load keeps per member is bounded by the content the
@@ -358,7 +370,7 @@ def declared_size(rest: bytes, offset: int) -> int:
     return int(declared)
 
 
-def decode_member(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] | bytes:
+def decode_member(rest: bytes | memoryview, offset: int, frame_: Frame) -> list[memoryview] | bytes:
     """The checked content of a data member (``rest`` as for :func:`declared_size`): views of
     it when it is stored as this package stores one (:func:`stored_content`), else inflated
     (:func:`decode_data`). Either releases the GIL for its CRC-32 or inflation, so a load runs
@@ -369,7 +381,7 @@ def decode_member(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] |
     return decode_data(rest, offset, frame_)
 
 
-def _is_stored(rest: bytes, frame_: Frame) -> bool:
+def _is_stored(rest: bytes | memoryview, frame_: Frame) -> bool:
     # This package stores a block whole or not at all: its first deflate block says which.
     start = frame_.header_length - HEADER_PREFIX
     return len(rest) > start and rest[start] & 0b110 == 0
@@ -390,7 +402,7 @@ def _stored_layout(size: int) -> tuple[tuple[int, int, int, bytes], ...]:
     return tuple(layout)
 
 
-def stored_content(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] | None:
+def stored_content(rest: bytes | memoryview, offset: int, frame_: Frame) -> list[memoryview] | None:
     """The content of a stored data member laid out as this package writes one (every stored
     deflate block but the last holds 65,535 bytes), as views of ``rest`` (as for
     :func:`declared_size`): no copy. Its block headers, size and CRC-32 are checked first;
@@ -415,7 +427,7 @@ def stored_content(rest: bytes, offset: int, frame_: Frame) -> list[memoryview] 
     return views
 
 
-def decode_data(rest: bytes, offset: int, frame_: Frame) -> bytes:
+def decode_data(rest: bytes | memoryview, offset: int, frame_: Frame) -> bytes:
     """The content of a data member (``rest`` as for :func:`declared_size`), checked: it must
     inflate to exactly the size its header declares, with a matching CRC-32 and length.
     Releases the GIL while inflating, so several members decode at once."""

@@ -21,6 +21,11 @@ class PositionalReads(Protocol):
         """Bytes of the stream consumed so far (read in order or skipped)."""
         ...
 
+    def size(self) -> int:
+        """Bytes in the stream now (where a reader looks for what ends it: a hint, since the
+        bytes read in order and skipped are what the stream's own checks count)."""
+        ...
+
     def read_at(self, offset: int, size: int) -> bytes:
         """``size`` bytes from ``offset`` (from the stream's start), fewer only at its end;
         safe from any thread, and without moving the stream."""

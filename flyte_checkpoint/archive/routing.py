@@ -18,9 +18,10 @@ bytes and written as before. The extracting thread still sees every byte of the 
 order (headers, padding, and the data of files it writes itself), so every check it makes is
 made as before; it only no longer writes the data a pool thread wrote.
 
-Where the object is read at offsets, a member that lies wholly inside the file is *promised*:
-its :class:`Written` piece is handed on at once, before the member is even read, and the job
-that reads, checks and writes it is given to the file (:meth:`Route.promise`), which is
+Where the object is read at offsets, the members that lie wholly inside the file are
+*promised*, a run at a time: a run's :class:`Written` piece is handed on at once, before its
+members are even read, and the job that reads, checks and writes them is given to the file
+(:meth:`Route.promise`), which is
 finished only after every such job is done, and fails with the first that failed. So the
 extracting thread runs ahead to the next file's header while the pool still writes this one,
 and the pool's threads can write different files at once (:mod:`.lanes`). No byte is written

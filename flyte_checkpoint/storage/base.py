@@ -436,6 +436,10 @@ class _VerifiedPositionalReads:
     def consumed(self) -> int:
         return self._reader._size
 
+    def size(self) -> int:
+        with self._reader._translate_errors():
+            return os.fstat(self._descriptor).st_size
+
     def read_at(self, offset: int, size: int) -> bytes:
         parts = []
         with self._reader._translate_errors():

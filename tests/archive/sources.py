@@ -26,6 +26,9 @@ class ReadableAtOffsets(io.BytesIO):
     def consumed(self) -> int:
         return self.tell()
 
+    def size(self) -> int:
+        return len(self.data)
+
     def read(self, size: int | None = -1) -> bytes:
         data = super().read(size)
         self.read_in_order += len(data)

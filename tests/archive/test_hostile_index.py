@@ -12,6 +12,7 @@ import pytest
 
 from flyte_checkpoint import ArchiveIndexError
 from flyte_checkpoint.archive import members, unpack_archive
+from tests.archive.sources import ReadableAtOffsets
 
 END_OF_TAR = bytes(1024)
 
@@ -29,10 +30,12 @@ def indexed(blocks: list[bytes]) -> bytes:
 
 
 def refused(data: bytes, dest: Path, message: str) -> None:
-    started = time.monotonic()
-    with pytest.raises(ArchiveIndexError, match=message):
-        unpack_archive(io.BytesIO(data), dest, threads=2)
-    assert time.monotonic() - started < 2
+    """Refused read in order, and read at offsets (where the index is read first)."""
+    for number, source in enumerate((io.BytesIO(data), ReadableAtOffsets(data))):
+        started = time.monotonic()
+        with pytest.raises(ArchiveIndexError, match=message):
+            unpack_archive(source, dest / str(number), threads=2)
+        assert time.monotonic() - started < 2
 
 
 def test_an_archive_of_empty_data_members_is_refused_at_the_first(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import errno
 import gzip
 import io
 import os
+import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -245,12 +246,49 @@ def test_members_wholly_inside_a_file_are_handed_on_as_written_before_a_thread_r
             # The expansion bound sees the compressed bytes behind all that was handed on.
             assert counted.count >= handed_on
         assert handed_on == 8 * MIB
-        assert (route.finished, len(route.promised)) == (0, 5)
+        assert (route.finished, len(route.promised)) == (0, 1)  # one job for the run of 3 to 7
         assert written >= 5 * MIB
         route.gate.set()
         while reader.read_view(MIB):
             pass
     assert all(job.done() and job.exception() is None for job in route.promised)
+
+
+def test_a_files_members_are_promised_in_runs_of_at_most_eight(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "weights.bin").write_bytes(os.urandom(20 * MIB))
+    data = packed(source)
+    route = Gated(held_from=1 << 60)  # never held
+    readable = ReadableAtOffsets(data)
+    head = readable.read(members.HEADER_PREFIX)
+    with member_reader.IndexedReader(readable, head, threads=2) as reader:
+        reader.read(512)
+        reader.route(20 * MIB, route)
+        while reader.read_view(MIB):
+            pass
+    # Members 0 to 2 are queued before the route; 3 to 19 lie wholly in the file: 8 + 8 + 1.
+    assert len(route.promised) == 3
+    assert all(job.done() and job.exception() is None for job in route.promised)
+
+
+def test_an_index_that_lists_a_member_at_another_length_fails_the_job_that_reads_it(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "weights.bin").write_bytes(os.urandom(6 * MIB))
+    data = bytearray(packed(source))
+    index_at = members.decode_tail(bytes(data[-members.TAIL_SIZE :]))[0]
+    # The index's entries (length, content) start after its member's header and entry count;
+    # members 4 and 5 (read in a run: 0 to 2 are read ahead of the file's header) are listed 5
+    # bytes longer and shorter: the index still adds up.
+    entries = index_at + members.DATA_HEADER
+    for number, change in ((4, 5), (5, -5)):
+        length, content = struct.unpack_from("<II", data, entries + 8 * number)
+        struct.pack_into("<II", data, entries + 8 * number, length + change, content)
+    with pytest.raises(ArchiveIndexError, match="that its index lists"):
+        archive.unpack_archive(ReadableAtOffsets(bytes(data)), tmp_path / "out", threads=2)
 
 
 def test_a_file_is_finished_only_once_the_jobs_promised_to_it_are_done(tmp_path: Path) -> None:
