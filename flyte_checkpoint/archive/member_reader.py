@@ -231,7 +231,7 @@ class IndexedReader(io.RawIOBase):
     def _next_member(self) -> None:
         start = self._offset
         positional = self._at_offsets()
-        if positional is not None and self._promise_run(positional, start):
+        if positional is not None and self._queue_planned(positional, start):
             return
         if positional is None:
             head = self._read(members.HEADER_PREFIX)
@@ -256,14 +256,16 @@ class IndexedReader(io.RawIOBase):
                     raise _truncated(start + len(head), what)
                 head_crc = members.crc32(head[: members.HEADER_PREFIX])
                 job = functools.partial(self._read_member_at, positional, start, frame, head_crc, what)
-                self._data(head[members.HEADER_PREFIX :], start, frame, job)
+                declared = members.declared_size(head[members.HEADER_PREFIX :], start)
+                self._data(declared, start, frame.length, job)
                 return
             member = self._read_at(positional, start, frame.length, what)
             skips: _Skips = ((frame.length, members.crc32(member)),)
         else:
             rest = self._read_exact(frame.length - len(head), what)
             if frame.kind == members.KIND_DATA:
-                self._data(rest, start, frame, functools.partial(_decoded, rest, start, frame))
+                job = functools.partial(_decoded, rest, start, frame)
+                self._data(members.declared_size(rest, start), start, frame.length, job)
                 return
             member, skips = head + rest, ()
         members.check_fixed(member, start, frame)
@@ -287,19 +289,12 @@ class IndexedReader(io.RawIOBase):
             if isinstance(item, Future):
                 item.result()
 
-    def _data(
-        self,
-        fields: bytes,
-        start: int,
-        frame: members.Frame,
-        job: Callable[..., _Member],
-    ) -> None:
-        """Queue the data member at ``start``, whose header's own fields begin ``fields``, to be
-        decoded by ``job`` on the pool, and to write what a route holds of it (``job`` takes
-        ``routing``)."""
+    def _data(self, declared: int, start: int, length: int, job: Callable[..., _Member]) -> None:
+        """Queue the data member at ``start``, of ``length`` bytes declaring ``declared`` bytes of
+        content, to be decoded by ``job`` on the pool, and to write what a route holds of it
+        (``job`` takes ``routing``)."""
         if self._index_offset is not None:
             raise ArchiveIndexError(f"damaged archive: a data member follows the index, at byte {start}")
-        declared = members.declared_size(fields, start)
         # Only the last member may be short, so the members too are bounded by the content.
         if self._seen and self._seen[-1][1] != members.BLOCK:
             if self._unsettled and isinstance(previous := self._unsettled[-1], Future):
@@ -308,7 +303,7 @@ class IndexedReader(io.RawIOBase):
                 f"damaged archive: the data member at byte {start} follows one of {self._seen[-1][1]} "
                 f"bytes; only the last may be shorter than {members.BLOCK}"
             )
-        self._seen.append((frame.length, declared))
+        self._seen.append((length, declared))
         begins = self._queued_content
         self._queued_content += declared
         routed = self._routed(begins, declared)
@@ -321,16 +316,33 @@ class IndexedReader(io.RawIOBase):
             routing = functools.partial(self._routed, begins, declared)
             self._queue(self._pool.submit(job, routing=routing))
 
-    def _promise_run(self, positional: PositionalReads, start: int) -> bool:
-        """Promise the members from ``start`` that the index lists wholly inside the route (at
-        most :data:`RUN`) to one job; ``False`` when there is none (the member at ``start`` is
-        then read as any other, and whatever is wrong with it reported)."""
+    def _queue_planned(self, positional: PositionalReads, start: int) -> bool:
+        """Queue the data member the index lists at ``start``, if any, without reading its
+        header here: with those after it that lie wholly inside the route, as a promised run
+        (:meth:`_promise_run`), else alone, read and checked on the pool. ``False`` where the
+        index lists none there (the member is then read as any other, and whatever is wrong
+        with it reported)."""
         number = None if self._plan is None else self._plan.at(start)
-        if number is None or self._plan is None or self._pool is None or self._route is None:
+        if number is None or self._plan is None or self._pool is None or self._index_offset is not None:
+            return False
+        if self._promise_run(positional, start, number):
+            return True
+        planned = self._plan.planned[number]
+        positional.reserve(planned.length)
+        self._offset = start + planned.length
+        job = functools.partial(self._read_planned, positional, planned)
+        self._data(planned.declared, start, planned.length, job)
+        return True
+
+    def _promise_run(self, positional: PositionalReads, start: int, number: int) -> bool:
+        """Promise the members from ``start`` (the ``number``-th data member) that the index
+        lists wholly inside the route, at most :data:`RUN`, to one job; ``False`` when there
+        is none."""
+        if self._plan is None or self._pool is None or self._route is None:
             return False
         route_start, route_end, route = self._route
         begins = self._queued_content
-        if self._index_offset is not None or begins < route_start:
+        if begins < route_start:
             return False
         run: list[Planned] = []
         ends = begins
@@ -365,22 +377,39 @@ class IndexedReader(io.RawIOBase):
         on; skipped as one span."""
         crc = 0
         for planned in run:
-            what = f"the member that starts at byte {planned.start}"
-            member = self._read_at(positional, planned.start, planned.length, what)
-            frame = members.frame(member, planned.start)
+            member, frame = self._read_listed(positional, planned)
             rest = memoryview(member)[members.HEADER_PREFIX :]
-            if (frame.kind, frame.length) != (members.KIND_DATA, planned.length) or members.declared_size(
-                rest, planned.start
-            ) != planned.declared:
-                raise ArchiveIndexError(
-                    f"damaged archive: {what} is not the data member of {planned.length} bytes "
-                    f"unpacking to {planned.declared} that its index lists"
-                )
             content = members.decode_member(rest, planned.start, frame)
             route.write([memoryview(content)] if isinstance(content, bytes) else content, file_offset)
             file_offset += planned.declared
             crc = members.crc32(member, crc)
         return [], ((run[-1].start + run[-1].length - run[0].start, crc),)
+
+    def _read_planned(self, positional: PositionalReads, planned: Planned, routing: _Routing) -> _Member:
+        """On the pool: the data member ``planned`` read at its offset, checked to be what the
+        index says it is, and decoded; the part ``routing`` names written to its file, and
+        handed on as written."""
+        member, frame = self._read_listed(positional, planned)
+        skips = ((planned.length, members.crc32(member)),)
+        return _decoded(memoryview(member)[members.HEADER_PREFIX :], planned.start, frame, routing, skips)
+
+    def _read_listed(self, positional: PositionalReads, planned: Planned) -> tuple[bytes, members.Frame]:
+        """The data member ``planned``, read at its offset, and its frame, once checked to be
+        what the index lists."""
+        start = planned.start
+        member = self._read_at(positional, start, planned.length, f"the member that starts at byte {start}")
+        frame = members.frame(member, start)
+        if frame.kind != members.KIND_DATA:
+            found = "is not a data member"
+        else:
+            declared = members.declared_size(memoryview(member)[members.HEADER_PREFIX :], start)
+            found = f"is {frame.length} bytes unpacking to {declared}"
+            if (frame.length, declared) == (planned.length, planned.declared):
+                return member, frame
+        raise ArchiveIndexError(
+            f"damaged archive: its index lists a data member of {planned.length} bytes unpacking "
+            f"to {planned.declared} at byte {start}, but the member there {found}"
+        )
 
     def _routed(self, begins: int, size: int) -> _Routed | None:
         """What the route holds of the ``size`` bytes of content from ``begins``, if any."""
@@ -466,7 +495,9 @@ def _readable(piece: Piece) -> bytes | memoryview:
     return piece
 
 
-def _decoded(rest: bytes, start: int, frame: members.Frame, routing: _Routing, skips: _Skips = ()) -> _Member:
+def _decoded(
+    rest: bytes | memoryview, start: int, frame: members.Frame, routing: _Routing, skips: _Skips = ()
+) -> _Member:
     """On the pool: the data member at ``start`` decoded, and the part ``routing`` names written
     to its file once checked, to be handed on as written."""
     content = members.decode_member(rest, start, frame)
