@@ -14,15 +14,13 @@ and is read member by member, which reports what is wrong with it where it is.
 
 from __future__ import annotations
 
+import bisect
+from array import array
 from dataclasses import dataclass
 
 from flyte_checkpoint.archive import members
 from flyte_checkpoint.archive.positional import PositionalReads
 from flyte_checkpoint.errors import ArchiveIndexError
-
-LARGEST_INDEX = 64 << 20
-"""Bytes of index read ahead, at most (an index lists a data member in 8 bytes: 64 MiB lists
-8 million members, 8 TiB of content); a longer one is read in order only."""
 
 
 @dataclass(frozen=True)
@@ -34,21 +32,32 @@ class Planned:
     declared: int
 
 
-@dataclass(frozen=True)
 class Plan:
-    """The data members an index lists, in order, and the number of each by where it starts."""
+    """The data members an index lists, in order (kept as arrays: eight bytes a member)."""
 
-    planned: tuple[Planned, ...]
-    numbers: dict[int, int]
+    def __init__(self, starts: array[int], lengths: array[int], last_declared: int) -> None:
+        self._starts = starts
+        self._lengths = lengths
+        self._last_declared = last_declared
+
+    def __len__(self) -> int:
+        return len(self._starts)
 
     def at(self, start: int) -> int | None:
         """The number of the data member the index says starts at byte ``start``, if any."""
-        return self.numbers.get(start)
+        number = bisect.bisect_left(self._starts, start)
+        return number if number < len(self._starts) and self._starts[number] == start else None
+
+    def member(self, number: int) -> Planned:
+        """The ``number``-th data member the index lists."""
+        declared = self._last_declared if number == len(self._starts) - 1 else members.BLOCK
+        return Planned(self._starts[number], self._lengths[number], declared)
 
 
 def read_plan(positional: PositionalReads) -> Plan | None:
     """The plan of the archive ``positional`` reads, or ``None`` where its tail and index do not
-    describe data members that fill the archive up to its index."""
+    describe data members that fill the archive up to its index, each a whole block of content
+    but the last (as the members read in order must be)."""
     try:
         return _read_plan(positional)
     except ArchiveIndexError:
@@ -64,29 +73,31 @@ def _read_plan(positional: PositionalReads) -> Plan | None:
     if frame.kind != members.KIND_TAIL or frame.length != len(tail):
         return None
     members.check_fixed(tail, tail_at, frame)
-    index_at, count, _ = members.decode_tail(tail)
-    if not 0 < index_at < tail_at or tail_at - index_at > LARGEST_INDEX:
+    index_at, count, total = members.decode_tail(tail)
+    # Bounded before anything is read: the members fill the bytes before the index, each a
+    # whole block but the last, and the index is as long as listing them takes.
+    if not 0 < index_at < tail_at or count != -(-total // members.BLOCK):
+        return None
+    if count * members.SHORTEST_DATA_MEMBER > index_at or tail_at - index_at != members.index_size(count):
         return None
     index = positional.read_at(index_at, tail_at - index_at)
-    entries: list[tuple[int, int]] = []
-    at = 0
+    starts, lengths = array("q"), array("q")
+    last_declared = total - (count - 1) * members.BLOCK
+    start = at = 0
     while at < len(index):
         frame = members.frame(index[at : at + members.HEADER_PREFIX], index_at + at)
         member = index[at : at + frame.length]
         if frame.kind != members.KIND_INDEX or len(member) != frame.length:
             return None
         members.check_fixed(member, index_at + at, frame)
-        entries.extend(members.decode_index(member, index_at + at))
+        for length, declared in members.decode_index(member, index_at + at):
+            expected = last_declared if len(starts) == count - 1 else members.BLOCK
+            if declared != expected or not members.data_length_fits(length):
+                return None
+            starts.append(start)
+            lengths.append(length)
+            start += length
         at += frame.length
-    if len(entries) != count:
+    if len(starts) != count or start != index_at:
         return None
-    planned = []
-    start = 0
-    for length, declared in entries:
-        if not members.data_length_fits(length) or not 0 < declared <= members.BLOCK:
-            return None
-        planned.append(Planned(start, length, declared))
-        start += length
-    if start != index_at:
-        return None
-    return Plan(tuple(planned), {member.start: number for number, member in enumerate(planned)})
+    return Plan(starts, lengths, last_declared)

@@ -327,7 +327,7 @@ class IndexedReader(io.RawIOBase):
             return False
         if self._promise_run(positional, start, number):
             return True
-        planned = self._plan.planned[number]
+        planned = self._plan.member(number)
         positional.reserve(planned.length)
         self._offset = start + planned.length
         job = functools.partial(self._read_planned, positional, planned)
@@ -347,7 +347,7 @@ class IndexedReader(io.RawIOBase):
         run: list[Planned] = []
         ends = begins
         previous = self._seen[-1][1] if self._seen else members.BLOCK
-        for planned in self._plan.planned[number : number + RUN]:
+        for planned in map(self._plan.member, range(number, min(number + RUN, len(self._plan)))):
             # Only whole blocks: a short member followed by any other is an error that the
             # member-by-member path reports.
             if previous != members.BLOCK or ends + planned.declared > route_end:

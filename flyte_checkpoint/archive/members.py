@@ -354,6 +354,17 @@ def data_length_fits(length: int) -> bool:
     return smallest <= length <= largest
 
 
+SHORTEST_DATA_MEMBER = _length_bounds(KIND_DATA, DATA_HEADER)[0]
+"""Bytes of the shortest data member :func:`frame` accepts."""
+
+
+def index_size(count: int) -> int:
+    """Bytes of the index members that list ``count`` data members (:func:`encode_index`)."""
+    full, rest = divmod(count, INDEX_ENTRIES)
+    member = HEADER_PREFIX + _INDEX_HEAD.size + len(_fixed_body(KIND_INDEX))
+    return full * (member + INDEX_ENTRIES * _ENTRY.size) + (member + rest * _ENTRY.size if rest else 0)
+
+
 def declared_size(rest: bytes | memoryview, offset: int) -> int:
     """The uncompressed size the data member at byte ``offset`` declares, from 1 to
     :data:`BLOCK` (anything else raises :class:`ArchiveIndexError`: the writer cuts whole blocks

@@ -287,9 +287,7 @@ def test_an_index_that_lists_a_member_at_another_length_fails_the_job_that_reads
     for number, change in ((4, 5), (5, -5)):
         length, content = struct.unpack_from("<II", data, entries + 8 * number)
         struct.pack_into("<II", data, entries + 8 * number, length + change, content)
-    with pytest.raises(
-        ArchiveIndexError, match=r"lists a data member of \d+ bytes .* member there is"
-    ):
+    with pytest.raises(ArchiveIndexError, match=r"lists a data member of \d+ bytes .* member there is"):
         archive.unpack_archive(ReadableAtOffsets(bytes(data)), tmp_path / "out", threads=2)
 
 
