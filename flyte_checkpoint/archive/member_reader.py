@@ -64,6 +64,9 @@ was read first (:mod:`.index_plan`): a job handed between threads costs both of 
 a wake-up, the stream's accounting), so a file's members go in runs; 8 MiB keeps two lanes'
 jobs small beside a file of 100 MiB."""
 
+TAR_BLOCK = 512
+"""Bytes of a tar block: a file's data is padded to a whole one, and a header is one."""
+
 UNSETTLED = 4096
 """Members queued but not yet accounted for in the stream, at most. Most are promised ones
 (:mod:`.routing`), which hold a future each until a thread reads them."""
@@ -172,7 +175,25 @@ class IndexedReader(io.RawIOBase):
 
     def _fill(self) -> None:
         while not self._done and len(self._pending) < self._ahead and len(self._unsettled) < UNSETTLED:
+            if self._waits_for_route():
+                return
             self._next_member()
+
+    def _waits_for_route(self) -> bool:
+        """Whether to queue no stored member past the header that follows a file of a MiB or
+        more until the extraction routes that header's file (while it has something to read):
+        a member queued before its file is routed is decoded and handed on as bytes, which the
+        extracting thread then waits for, where once routed it would have been promised. Only
+        a stored member waits: checking one is cheap, where inflating a deflated one is what
+        reading ahead is for (on a tree of 1 MiB text files, a third of the load's time)."""
+        if self._plan is None or self._route is None or not self._pending:
+            return False
+        start, end, _ = self._route
+        next_header = -(-end // TAR_BLOCK) * TAR_BLOCK
+        if end - start < members.BLOCK or self._queued_content <= next_header:
+            return False
+        number = self._plan.at(self._offset)
+        return number is not None and _stored_size(self._plan.member(number))
 
     def _queue(self, member: Future[_Member] | _Member, handed_on: _Member | None = None) -> None:
         """Queue ``member`` to be skipped by the stream in order, and to be handed on, or
@@ -483,6 +504,12 @@ class IndexedReader(io.RawIOBase):
         self._ended = True
         if self._source.read(1):
             raise ArchiveIndexError(f"damaged archive: bytes follow its tail member (at byte {self._offset})")
+
+
+def _stored_size(planned: Planned) -> bool:
+    """Whether the member ``planned`` is as long as its content, as a stored one is (a
+    deflated one is shorter)."""
+    return planned.length > planned.declared
 
 
 def _running(item: Future[_Member] | _Member) -> bool:

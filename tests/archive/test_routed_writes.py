@@ -272,6 +272,50 @@ def test_a_files_members_are_promised_in_runs_of_at_most_eight(tmp_path: Path) -
     assert all(job.done() and job.exception() is None for job in route.promised)
 
 
+def queued_after_first_file(tmp_path: Path, content: Callable[[int], bytes]) -> tuple[int, int]:
+    """Two 6 MiB files of ``content``: the bytes of the object queued (read or reserved) once the
+    first file and the second's header were read, before the second is routed; and where the
+    member after the one holding that header starts."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("a.bin", "b.bin"):
+        (source / name).write_bytes(content(6 * MIB))
+    data = packed(source)
+    readable = ReadableAtOffsets(data)
+    head = readable.read(members.HEADER_PREFIX)
+    with member_reader.IndexedReader(readable, head, threads=2) as reader:
+        reader.read(512)
+        reader.route(6 * MIB, Gated(held_from=1 << 60))
+        handed_on = 0
+        while handed_on < 6 * MIB:
+            handed_on += len(reader.read_view(6 * MIB - handed_on))
+        assert len(reader.read(512)) == 512  # the second file's header
+        queued = readable.read_in_order + readable.reserved
+    holding_header = (6 * MIB + 512) // members.BLOCK
+    return queued, split_members(data)[holding_header + 1][0]
+
+
+def split_members(data: bytes) -> list[tuple[int, int]]:
+    found, offset = [], 0
+    while offset < len(data):
+        length = members.frame(data[offset : offset + members.HEADER_PREFIX], offset).length
+        found.append((offset, length))
+        offset += length
+    return found
+
+
+def test_stored_members_past_a_large_file_wait_for_the_next_file_to_be_routed(tmp_path: Path) -> None:
+    # Queued before the second file is routed, they would be handed on once decoded, and the
+    # extracting thread would wait for them; queued after, they are promised.
+    queued, next_member = queued_after_first_file(tmp_path, os.urandom)
+    assert queued <= next_member
+
+
+def test_deflated_members_past_a_large_file_are_still_read_ahead(tmp_path: Path) -> None:
+    queued, next_member = queued_after_first_file(tmp_path, lambda size: b"step 1 loss 0.5\n" * (size // 16))
+    assert queued > next_member
+
+
 def test_an_index_that_lists_a_member_at_another_length_fails_the_job_that_reads_it(
     tmp_path: Path,
 ) -> None:
