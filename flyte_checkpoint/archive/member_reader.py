@@ -52,11 +52,29 @@ THREAD_PREFIX = "flyte-checkpoint-gunzip"
 _Content = bytes | list[memoryview] | list[Piece]
 _Skips = tuple[tuple[int, int], ...]
 """Bytes read at their offsets, as (length, CRC-32) in order, for the stream to skip."""
-_Member = tuple[_Content, _Skips]
 _Routed = tuple[int, int, Route, int]
 """The part of a member's content that a route writes: from, to, the route, its file offset."""
 _Routing = Callable[[], _Routed | None]
 """What a job writes of its member's content (:data:`_Routed`), asked once it is decoded."""
+
+
+class _Member:
+    """A member as decoded: its content, handed on once, and what the stream skips for it."""
+
+    __slots__ = ("_content", "skips")
+
+    def __init__(self, content: _Content, skips: _Skips = ()) -> None:
+        self._content = content
+        self.skips = skips
+
+    def take(self) -> _Content:
+        """The content, which this member then no longer holds: it stays queued until the
+        stream has skipped it, which waits for every member before it, and the extracting
+        thread may be a long way ahead of a promised job that waits (as many files as it keeps
+        open, each with the members read ahead of its header)."""
+        content, self._content = self._content, b""
+        return content
+
 
 RUN = 8
 """Members of a file that one promised job reads, checks and writes, at most, where the index
@@ -148,7 +166,7 @@ class IndexedReader(io.RawIOBase):
                 self._end_of_stream()
                 return b""
             item = self._pending.popleft()
-            content, _ = item.result() if isinstance(item, Future) else item
+            content = (item.result() if isinstance(item, Future) else item).take()
             self._settle_ready()
             if content:
                 self._pieces.extend(content if isinstance(content, list) else (content,))
@@ -210,8 +228,7 @@ class IndexedReader(io.RawIOBase):
     def _settle_next(self) -> None:
         """Wait for the oldest member queued, and skip it in the stream."""
         item = self._unsettled.popleft()
-        _, skips = item.result() if isinstance(item, Future) else item
-        for length, crc in skips:
+        for length, crc in (item.result() if isinstance(item, Future) else item).skips:
             self._skip(length, crc)
 
     def _read(self, size: int) -> bytes:
@@ -299,10 +316,10 @@ class IndexedReader(io.RawIOBase):
                     f"damaged archive: its index lists {len(self._listed)} data members by byte "
                     f"{self._offset}, but it holds {len(self._seen)}"
                 )
-            self._queue((b"", skips))
+            self._queue(_Member(b"", skips))
         else:
             self._tail(member, start)
-            self._queue((bytes(members.TAIL_CONTENT), skips))
+            self._queue(_Member(bytes(members.TAIL_CONTENT), skips))
 
     def _settle(self) -> None:
         """Wait for the members queued, raising the first one's error, if any."""
@@ -387,7 +404,7 @@ class IndexedReader(io.RawIOBase):
         promised = self._pool.submit_to(route, job)
         route.promise(promised)
         written: list[Piece] = [Written(ends - begins)]
-        self._queue(promised, handed_on=(written, ()))
+        self._queue(promised, handed_on=_Member(written))
         return True
 
     def _read_run(
@@ -404,7 +421,7 @@ class IndexedReader(io.RawIOBase):
             route.write([memoryview(content)] if isinstance(content, bytes) else content, file_offset)
             file_offset += planned.declared
             crc = members.crc32(member, crc)
-        return [], ((run[-1].start + run[-1].length - run[0].start, crc),)
+        return _Member([], ((run[-1].start + run[-1].length - run[0].start, crc),))
 
     def _read_planned(self, positional: PositionalReads, planned: Planned, routing: _Routing) -> _Member:
         """On the pool: the data member ``planned`` read at its offset, checked to be what the
@@ -530,13 +547,13 @@ def _decoded(
     content = members.decode_member(rest, start, frame)
     routed = routing()
     if routed is None:
-        return content, skips
+        return _Member(content, skips)
     low, high, route, file_offset = routed
     views = [memoryview(content)] if isinstance(content, bytes) else content
     before, inside, after = cut(views, low, high)
     route.write(inside, file_offset)
     handed_on: list[Piece] = [*before, Written(high - low), *after]
-    return handed_on, skips
+    return _Member(handed_on, skips)
 
 
 def _truncated(at: int, what: str) -> CheckpointCorruptError:

@@ -17,6 +17,7 @@ import io
 import os
 import struct
 import threading
+import tracemalloc
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -362,6 +363,58 @@ def test_a_load_fails_with_a_job_promised_to_one_of_its_files(tmp_path: Path) ->
         writes.finish_all()
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(fd)  # closed
+
+
+def test_content_handed_on_is_not_held_while_a_file_written_before_it_is_still_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A promised job that waits (a slow disk under one file) lets the extracting thread run
+    ahead, as many files as it keeps open; what it was handed meanwhile must be freed, not kept
+    until the job is done (with 16 threads and large files, that was gigabytes)."""
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "a-shard.bin").write_bytes(os.urandom(24 * MIB))
+    words = b"step loss lr grad norm epoch batch tokens " * 24
+    for number in range(file_writes.OPEN_FILES + 8):  # 256 KiB each, deflated
+        (source / f"t-{number:03}.txt").write_bytes(words * (256 * 1024 // len(words)) + b"%d" % number)
+    restored = tmp_path / "restored"
+    # The file whose finishing waits for the shard's: by then 16 MiB of text were handed on.
+    furthest = restored / f"t-{file_writes.OPEN_FILES - 1:03}.txt"
+    held: list[int] = []
+    claimed = threading.Lock()
+    real = file_writes.FileWrites.route
+
+    class SlowUnderTheShard:
+        def __init__(self, route: Route) -> None:
+            self.route = route
+
+        def write(self, pieces: list[memoryview], offset: int) -> None:
+            # A promised member of the shard (past those read before its header): one thread
+            # waits in it, the other goes on.
+            if offset >= 8 * MIB and sum(map(len, pieces)) == MIB and claimed.acquire(blocking=False):
+                for _ in range(3000):
+                    if furthest.exists():
+                        break
+                    threading.Event().wait(0.01)
+                held.append(tracemalloc.get_traced_memory()[0])
+            self.route.write(pieces, offset)
+
+        def promise(self, job: Future[Any]) -> None:
+            self.route.promise(job)
+
+    def slow(self: file_writes.FileWrites, file: file_writes.OpenFile) -> Route:
+        return SlowUnderTheShard(real(self, file))
+
+    monkeypatch.setattr(file_writes.FileWrites, "route", slow)
+    data = ReadableAtOffsets(packed(source))
+    tracemalloc.start()
+    try:
+        archive.unpack_archive(data, restored, threads=2)
+    finally:
+        tracemalloc.stop()
+    assert tree_of(restored) == tree_of(source)
+    assert len(held) == 1
+    assert held[0] < 8 * MIB  # the members in flight, not the 16 MiB handed on
 
 
 def test_cutting_views_splits_them_at_the_offsets_without_copying() -> None:
