@@ -70,28 +70,39 @@ def opened(request: pytest.FixtureRequest) -> Opener:
     return io.BytesIO if request.param == "read in order" else ReadableAtOffsets
 
 
-@pytest.fixture
-def routed(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Bytes of file data written by the threads that checked them, by thread name."""
-    written: dict[str, int] = {}
+def watch_routed_writes(
+    monkeypatch: pytest.MonkeyPatch, before_write: Callable[[list[memoryview], int], None]
+) -> None:
+    """Every file write of a load calls ``before_write(pieces, offset)`` first, on its thread."""
     real = file_writes.FileWrites.route
 
-    class Recorded:
+    class Watched:
         def __init__(self, route: Route) -> None:
             self.route = route
 
         def write(self, pieces: list[memoryview], offset: int) -> None:
-            name = threading.current_thread().name
-            written[name] = written.get(name, 0) + sum(len(piece) for piece in pieces)
+            before_write(pieces, offset)
             self.route.write(pieces, offset)
 
         def promise(self, job: Future[Any]) -> None:
             self.route.promise(job)
 
-    def recording(self: file_writes.FileWrites, file: file_writes.OpenFile) -> Route:
-        return Recorded(real(self, file))
+    def watched(self: file_writes.FileWrites, file: file_writes.OpenFile) -> Route:
+        return Watched(real(self, file))
 
-    monkeypatch.setattr(file_writes.FileWrites, "route", recording)
+    monkeypatch.setattr(file_writes.FileWrites, "route", watched)
+
+
+@pytest.fixture
+def routed(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Bytes of file data written by the threads that checked them, by thread name."""
+    written: dict[str, int] = {}
+
+    def record(pieces: list[memoryview], offset: int) -> None:
+        name = threading.current_thread().name
+        written[name] = written.get(name, 0) + sum(len(piece) for piece in pieces)
+
+    watch_routed_writes(monkeypatch, record)
     return written
 
 
@@ -382,30 +393,18 @@ def test_content_handed_on_is_not_held_while_a_file_written_before_it_is_still_b
     furthest = restored / f"t-{file_writes.OPEN_FILES - 1:03}.txt"
     held: list[int] = []
     claimed = threading.Lock()
-    real = file_writes.FileWrites.route
 
-    class SlowUnderTheShard:
-        def __init__(self, route: Route) -> None:
-            self.route = route
+    def slow_under_the_shard(pieces: list[memoryview], offset: int) -> None:
+        # A promised member of the shard (past those read before its header): one thread
+        # waits in it, the other goes on.
+        if offset >= 8 * MIB and sum(map(len, pieces)) == MIB and claimed.acquire(blocking=False):
+            for _ in range(3000):
+                if furthest.exists():
+                    break
+                threading.Event().wait(0.01)
+            held.append(tracemalloc.get_traced_memory()[0])
 
-        def write(self, pieces: list[memoryview], offset: int) -> None:
-            # A promised member of the shard (past those read before its header): one thread
-            # waits in it, the other goes on.
-            if offset >= 8 * MIB and sum(map(len, pieces)) == MIB and claimed.acquire(blocking=False):
-                for _ in range(3000):
-                    if furthest.exists():
-                        break
-                    threading.Event().wait(0.01)
-                held.append(tracemalloc.get_traced_memory()[0])
-            self.route.write(pieces, offset)
-
-        def promise(self, job: Future[Any]) -> None:
-            self.route.promise(job)
-
-    def slow(self: file_writes.FileWrites, file: file_writes.OpenFile) -> Route:
-        return SlowUnderTheShard(real(self, file))
-
-    monkeypatch.setattr(file_writes.FileWrites, "route", slow)
+    watch_routed_writes(monkeypatch, slow_under_the_shard)
     data = ReadableAtOffsets(packed(source))
     tracemalloc.start()
     try:
